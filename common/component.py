@@ -1,0 +1,159 @@
+"""The Component contract (ARCHITECTURE.md contract 2): a directory of Document parquet files for
+one source plus `manifest.json`.
+
+One writer (`finalize_component`) and one reader (`Component.open`). Spark jobs write their part
+files into a temporary directory and call `finalize_component`, which checks the schema, records
+every file's rows, bytes and sha256, writes the manifest, and renames the directory into place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from common import atomic
+from common.document import DOCUMENT_SCHEMA_VERSION, schema_problems
+from common.errors import ContractError
+from common.hashing import sha256_file
+from common.manifest import MANIFEST_NAME, RunManifest
+
+COMPONENT_SCHEMA = "component/1"
+
+
+class ComponentFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str          # relative to the component directory
+    n_rows: int
+    n_bytes: int
+    sha256: str
+
+
+class ComponentManifest(RunManifest):
+    """A run manifest plus what a reader of the component needs to know."""
+
+    SCHEMA = COMPONENT_SCHEMA
+    name: str                                   # the source / component name
+    document_schema: str = DOCUMENT_SCHEMA_VERSION
+    files: list[ComponentFile]
+    columns: dict[str, str]                     # column -> arrow type
+    n_docs: int
+    n_tokens: int | None = None
+    tokenizer: str | None = None                # what n_tokens was counted with
+    license: str | None = None
+    source_identifier: str | None = None
+    source_revision: str | None = None
+    lineage: list[dict[str, Any]] = []          # earlier stages: {job, config_hash, code_version, manifest}
+
+
+def _parquet_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(directory).parts))
+
+
+def finalize_component(
+    tmp_dir: str | os.PathLike,
+    final_dir: str | os.PathLike,
+    manifest_fields: dict[str, Any],
+) -> ComponentManifest:
+    """Turn a directory of freshly written Document parquet files into a component, atomically.
+
+    `manifest_fields` holds everything except files/columns/n_docs, which are measured here.
+    Spark's `_SUCCESS` and `.crc` files are removed.
+    """
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    for junk in list(tmp_dir.rglob("_SUCCESS")) + list(tmp_dir.rglob("*.crc")):
+        junk.unlink()
+    files = _parquet_files(tmp_dir)
+    schema: pa.Schema | None = None
+    entries: list[ComponentFile] = []
+    n_docs = 0
+    for f in files:
+        meta = pq.read_metadata(f)
+        file_schema = meta.schema.to_arrow_schema()
+        if schema is None:
+            schema = file_schema
+        problems = schema_problems(file_schema)
+        if problems:
+            raise ContractError(f, "not a Document file: " + "; ".join(problems))
+        entries.append(ComponentFile(path=f.relative_to(tmp_dir).as_posix(), n_rows=meta.num_rows,
+                                     n_bytes=f.stat().st_size, sha256=sha256_file(f)))
+        n_docs += meta.num_rows
+    if schema is None:
+        raise ContractError(tmp_dir, "no parquet files were written")
+    manifest = ComponentManifest(
+        files=entries,
+        columns={f.name: str(f.type) for f in schema},
+        n_docs=n_docs,
+        **manifest_fields,
+    )
+    manifest.write(tmp_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    if final_dir.exists():
+        old = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final_dir, old)
+        os.replace(tmp_dir, final_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp_dir, final_dir)
+    return manifest
+
+
+class Component:
+    """A validated, read-only view of a component directory."""
+
+    def __init__(self, directory: Path, manifest: ComponentManifest):
+        self.directory = directory
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, verify_hashes: bool = False) -> "Component":
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ContractError(directory, "component directory not found")
+        manifest = ComponentManifest.read(directory / MANIFEST_NAME)
+        for entry in manifest.files:
+            p = directory / entry.path
+            if not p.is_file():
+                raise ContractError(directory / MANIFEST_NAME, f"lists {entry.path}, which is missing", field="files")
+            size = p.stat().st_size
+            if size != entry.n_bytes:
+                raise ContractError(p, f"is {size} bytes, the manifest says {entry.n_bytes} (truncated or rewritten)")
+            if verify_hashes and sha256_file(p) != entry.sha256:
+                raise ContractError(p, "sha256 does not match the manifest (corrupted)")
+        return cls(directory, manifest)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def paths(self) -> list[Path]:
+        return [self.directory / f.path for f in self.manifest.files]
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.manifest.columns)
+
+    def require_column(self, column: str, purpose: str = "") -> None:
+        if column not in self.manifest.columns:
+            why = f" ({purpose})" if purpose else ""
+            raise ContractError(self.directory / MANIFEST_NAME,
+                                f"has no column '{column}'{why}; columns: {', '.join(self.columns)}", field="columns")
+
+    def dataset(self) -> pads.Dataset:
+        return pads.dataset([str(p) for p in self.paths], format="parquet")
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        return self.dataset().to_table(columns=columns)
+
+    def iter_batches(self, columns: list[str] | None = None, batch_size: int = 8192) -> Iterator[pa.RecordBatch]:
+        """Stream the component in file order (the order recorded in the manifest)."""
+        for p in self.paths:
+            yield from pq.ParquetFile(p).iter_batches(batch_size=batch_size, columns=columns)

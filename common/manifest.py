@@ -1,0 +1,149 @@
+"""Run manifests: what a job read, with which config and code, what it wrote, counts and timings.
+
+Every job ends by writing `manifest.json` atomically into its output directory. A job that finds a
+complete manifest there for the same inputs and config skips its work (`find_complete`).
+
+Each contract file carries `schema` ("<kind>/<version>") and is validated on read; subclasses of
+`RunManifest` add their own fields (the component manifest in `common.component`, the shard
+manifest in `mixtures`, ...).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from common import atomic
+from common.errors import ContractError
+from common.hashing import config_hash, fingerprint
+from common.version import code_version
+
+MANIFEST_NAME = "manifest.json"
+
+M = TypeVar("M", bound="RunManifest")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class InputFingerprint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    kind: str
+    digest: str
+    n_files: int
+    n_bytes: int
+
+
+class RunManifest(BaseModel):
+    """Fields shared by every manifest. Subclasses set SCHEMA and add their own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    SCHEMA: ClassVar[str] = "run/1"
+
+    schema_: str = Field(alias="schema")
+    job: str
+    status: str = "complete"            # "complete" is the only status ever written to disk
+    created_at: str = Field(default_factory=utc_now)
+    code_version: str = Field(default_factory=code_version)
+    config: dict[str, Any] = Field(default_factory=dict)
+    config_hash: str = ""
+    inputs: list[InputFingerprint] = Field(default_factory=list)
+    counts: dict[str, Any] = Field(default_factory=dict)
+    timings_s: dict[str, float] = Field(default_factory=dict)
+    outputs: list[str] = Field(default_factory=list)
+
+    def __init__(self, **data: Any):
+        data.setdefault("schema", self.SCHEMA)
+        super().__init__(**data)
+        if not self.config_hash:
+            self.config_hash = config_hash(self.config)
+
+    # ---- I/O -------------------------------------------------------------------------------
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def write(self, directory: str | os.PathLike) -> Path:
+        path = Path(directory) / MANIFEST_NAME
+        atomic.write_json(path, self.to_json_dict())
+        return path
+
+    @classmethod
+    def read(cls: type[M], path: str | os.PathLike) -> M:
+        """Read and validate; `path` is the manifest file or its directory."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / MANIFEST_NAME
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ContractError(path, "no manifest here (the job that writes it has not finished)") from None
+        except json.JSONDecodeError as e:
+            raise ContractError(path, f"not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ContractError(path, "expected a JSON object")
+        got = raw.get("schema")
+        if got != cls.SCHEMA:
+            raise ContractError(path, f"schema is {got!r}, this reader expects {cls.SCHEMA!r}", field="schema")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise ContractError(path, f"{err['msg']} (input: {err.get('input')!r:.80})", field=field) from None
+
+
+def fingerprints(paths: list[str | os.PathLike], content: bool = True) -> list[InputFingerprint]:
+    return [InputFingerprint(**fingerprint(p, content=content)) for p in paths]
+
+
+def find_complete(
+    directory: str | os.PathLike,
+    manifest_cls: type[M],
+    config: Any,
+    inputs: list[InputFingerprint] | None = None,
+) -> M | None:
+    """The manifest in `directory` if it records a finished run of the same config and inputs."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        found = manifest_cls.read(path)
+    except ContractError:
+        return None
+    if found.status != "complete" or found.config_hash != config_hash(config):
+        return None
+    if inputs is not None:
+        want = sorted((i.path, i.digest) for i in inputs)
+        have = sorted((i.path, i.digest) for i in found.inputs)
+        if want != have:
+            return None
+    return found
+
+
+class Stopwatch:
+    """Collects named timings for a manifest: `with sw("dedup"): ...`."""
+
+    def __init__(self) -> None:
+        self.timings_s: dict[str, float] = {}
+
+    def __call__(self, name: str) -> "_Lap":
+        return _Lap(self, name)
+
+
+class _Lap:
+    def __init__(self, sw: Stopwatch, name: str):
+        self.sw, self.name = sw, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.sw.timings_s[self.name] = round(self.sw.timings_s.get(self.name, 0.0) + time.perf_counter() - self.t0, 3)

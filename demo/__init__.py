@@ -1,0 +1,6 @@
+"""The main job (`make demo`): the whole Puro recipe end to end on data built locally, no network.
+
+Stages live in their own modules and are listed in `demo.stages.STAGES`; `python -m demo` runs
+them in order, reusing a stage that finished before (its `stage.json`), and ends by printing
+where everything is.
+"""

@@ -1,0 +1,57 @@
+"""What a demo stage gets: its directory, the size profile, earlier stages' results, a progress line."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Sizes per profile. "demo" is what `make demo` runs (<= 15 min on 2 cores); "ci" is the reduced
+# chain the end-to-end test runs. Stages read their own keys with `ctx.size(key)`.
+PROFILES: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "ci": {},
+}
+
+
+@dataclass
+class DemoContext:
+    root: Path
+    profile: str = "demo"
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    python: str = sys.executable
+    _t0: float = field(default_factory=time.perf_counter)
+    stage: str = ""
+
+    def stage_dir(self, name: str | None = None) -> Path:
+        d = self.root / (name or self.stage)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def size(self, key: str, default: Any = None) -> Any:
+        return PROFILES.get(self.profile, {}).get(key, default)
+
+    def result(self, stage: str) -> dict[str, Any]:
+        if stage not in self.results:
+            raise RuntimeError(f"demo stage '{self.stage}' needs the result of stage '{stage}', which has not run")
+        return self.results[stage]
+
+    def step(self, message: str) -> None:
+        """One line of progress per step."""
+        print(f"[{time.perf_counter() - self._t0:7.1f}s] {self.stage:>10} | {message}", flush=True)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for subprocesses (spark-submit, torchrun, servers): offline and using this venv."""
+        env = dict(os.environ)
+        bindir = str(Path(self.python).parent)
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+        env.setdefault("PYSPARK_PYTHON", self.python)
+        env.setdefault("PYSPARK_DRIVER_PYTHON", self.python)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("HF_DATASETS_OFFLINE", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.update(extra)
+        return env

@@ -1,0 +1,6 @@
+"""The demo's stages, in order. Each module defines `run(ctx) -> dict` (paths and figures it wants
+shown) and may define `summary(result) -> list[str]` for the final listing."""
+
+STAGES: list[tuple[str, str]] = [
+    # (stage name, module)
+]

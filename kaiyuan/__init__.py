@@ -1,0 +1,1 @@
+"""kaiyuan: Spark ingest, dedup and quality annotation of raw sources into components."""

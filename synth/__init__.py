@@ -1,0 +1,1 @@
+"""synth: synthetic SFT/RL data from teacher LLM endpoints, verified and decontaminated."""
