@@ -1,0 +1,217 @@
+"""`python -m proxy_eval plan`: apply the slice rules to components and write each slice.
+
+Reads only `id`, `n_tokens` and the score column of each component to decide and pick documents
+(`proxy_eval.slices`), then streams the component once more to write every slice as a component
+of its own (the Component contract, `common.component`), so that mixtures can turn it into a
+uniform shard set like any other component. Output:
+
+    <out>/manifest.json             SlicePlan manifest: decisions, slices, counts, config, inputs
+    <out>/slices/<slice name>/      one component per slice (parquet + manifest.json)
+
+A rerun with the same config and inputs finds the plan's manifest complete and does nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from common import atomic
+from common.component import Component, finalize_component
+from common.document import QUALITY_PREFIX, score_columns
+from common.errors import ContractError
+from common.hashing import config_hash
+from common.log import get_logger
+from common.manifest import MANIFEST_NAME, RunManifest, Stopwatch, find_complete, fingerprints
+from proxy_eval.slices import ComponentDecision, SliceRules, component_is_scored, decide_component, select_slices
+
+log = get_logger(__name__)
+
+
+
+class ComponentRef(BaseModel):
+    """A component to consider for proxy slices."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    name: str | None = None                   # default: the component manifest's name
+    # `quality.<name>` (or just `<name>`); "auto" = the component's only quality column; None = unscored
+    score_field: str | None = "auto"
+    higher_is_better: bool = True
+
+
+class PlanConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    components: list[ComponentRef]
+    rules: SliceRules = Field(default_factory=SliceRules)
+    out: str = "runs/proxy/plan"
+    write_slices: bool = True
+    rows_per_file: int = 50_000
+    verify_hashes: bool = False
+
+
+class PlannedSlice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    component: str
+    kind: Literal["quantile", "random"]
+    percentile: float | None = None
+    percentile_from: str | None = None
+    band: tuple[float, float] | None = None
+    target_tokens: int
+    n_docs: int
+    n_tokens: int
+    score_field: str | None = None
+    score_range: tuple[float, float] | None = None
+    path: str | None = None                   # the slice component directory, relative to the plan dir
+
+
+class SlicePlan(RunManifest):
+    SCHEMA = "proxy_eval.slice_plan/1"
+    decisions: list[ComponentDecision]
+    slices: list[PlannedSlice]
+
+    @classmethod
+    def load(cls, plan_dir: str | Path) -> "SlicePlan":
+        return cls.read(Path(plan_dir) / MANIFEST_NAME)
+
+    def slice_dir(self, plan_dir: str | Path, name: str) -> Path:
+        for s in self.slices:
+            if s.name == name:
+                if s.path is None:
+                    raise ContractError(Path(plan_dir) / MANIFEST_NAME, f"slice {name} was planned but not written "
+                                        "(write_slices: false)", field="slices")
+                return Path(plan_dir) / s.path
+        raise ContractError(Path(plan_dir) / MANIFEST_NAME, f"no slice named {name!r}", field="slices")
+
+
+def resolve_score_field(component: Component, ref: ComponentRef) -> str | None:
+    if ref.score_field is None:
+        return None
+    cols = score_columns(component.columns)
+    if ref.score_field == "auto":
+        return cols[0] if len(cols) == 1 else None
+    field = ref.score_field if ref.score_field.startswith(QUALITY_PREFIX) else QUALITY_PREFIX + ref.score_field
+    component.require_column(field, "the slice plan's score field")
+    return field
+
+
+def _component_arrays(component: Component, score_field: str | None) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    component.require_column("n_tokens", "slice sizes are in tokens; count tokens first (kaiyuan)")
+    cols = ["id", "n_tokens"] + ([score_field] if score_field else [])
+    table = component.read(columns=cols)
+    ids = table.column("id").to_pylist()
+    n_tokens = table.column("n_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    scores = None
+    if score_field:
+        scores = pc.cast(table.column(score_field), pa.float64()).to_numpy(zero_copy_only=False)
+        scores = np.where(np.isfinite(scores), scores, np.nan)
+    return ids, n_tokens, scores
+
+
+def _write_slice_component(component: Component, rows: np.ndarray, final_dir: Path, slice_name: str,
+                           extra: dict, rows_per_file: int) -> None:
+    """Stream the component once and keep the selected rows (global row numbers, file order)."""
+    selected = np.zeros(component.manifest.n_docs, dtype=bool)
+    selected[rows] = True
+    tmp = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    writer: pq.ParquetWriter | None = None
+    part, in_part, offset = 0, 0, 0
+    n_tokens_total = 0
+    try:
+        for batch in component.iter_batches():
+            mask = selected[offset:offset + batch.num_rows]
+            offset += batch.num_rows
+            if not mask.any():
+                continue
+            kept = batch.filter(pa.array(mask))
+            n_tokens_total += int(pc.sum(kept.column("n_tokens")).as_py() or 0)
+            if writer is None or in_part >= rows_per_file:
+                if writer is not None:
+                    writer.close()
+                writer = pq.ParquetWriter(tmp / f"part-{part:05d}.parquet", kept.schema)
+                part, in_part = part + 1, 0
+            writer.write_batch(kept)
+            in_part += kept.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    m = component.manifest
+    finalize_component(tmp, final_dir, {
+        "job": "proxy_eval.slice", "name": slice_name, "n_tokens": n_tokens_total,
+        "tokenizer": m.tokenizer, "license": m.license, "source_identifier": m.source_identifier,
+        "source_revision": m.source_revision, "config": extra,
+        "counts": {"n_docs": int(selected.sum()), "n_tokens": n_tokens_total},
+        "lineage": [*m.lineage, {"job": m.job, "config_hash": m.config_hash, "code_version": m.code_version,
+                                 "manifest": str(component.directory / MANIFEST_NAME)}],
+    })
+
+
+def make_plan(config: PlanConfig) -> SlicePlan:
+    """Decide and (optionally) write every slice; skip when a complete plan exists."""
+    out = Path(config.out)
+    inputs = fingerprints([Path(c.path) / "manifest.json" for c in config.components])
+    done = find_complete(out, SlicePlan, config, inputs)
+    if done is None and (out / MANIFEST_NAME).exists():
+        log.info("plan in %s is for another config or inputs: replanning", out)
+    if done is not None:
+        log.info("slice plan in %s is complete for this config: reusing it", out)
+        return done
+    sw = Stopwatch()
+    decisions: list[ComponentDecision] = []
+    planned: list[PlannedSlice] = []
+    counts = {"components": 0, "slices": 0, "skipped_components": 0, "unscored_docs": 0}
+    out.mkdir(parents=True, exist_ok=True)
+    slices_root = out / "slices"
+    shutil.rmtree(slices_root, ignore_errors=True)   # slices of an older plan are not this plan's
+    for ref in config.components:
+        component = Component.open(ref.path, verify_hashes=config.verify_hashes)
+        name = ref.name or component.name
+        with sw(f"select.{name}"):
+            field = resolve_score_field(component, ref)
+            ids, n_tokens, scores = _component_arrays(component, field)
+            total = int(n_tokens.sum())
+            scored = False
+            if scores is not None:
+                has = ~np.isnan(scores)
+                counts["unscored_docs"] += int((~has).sum())
+                scored = component_is_scored(int(n_tokens[has].sum()), total, config.rules)
+            decision = decide_component(name, total, scored, config.rules, score_field=field,
+                                        higher_is_better=ref.higher_is_better)
+            selections = select_slices(decision, ids, n_tokens, scores if scored else None)
+        decisions.append(decision)
+        counts["components"] += 1
+        counts["skipped_components"] += decision.rule == "skip"
+        log.info("%s: %s (%s), %d slice(s)", name, decision.rule, decision.reason, len(selections))
+        for sel in selections:
+            s = sel.spec
+            rel = None
+            if config.write_slices:
+                rel = f"slices/{s.name}"
+                with sw(f"write.{s.name}"):
+                    _write_slice_component(component, sel.rows, out / rel, s.name,
+                                           {"slice": s.model_dump(mode="json"), "rules": config.rules.model_dump(mode="json")},
+                                           config.rows_per_file)
+            planned.append(PlannedSlice(
+                name=s.name, component=name, kind=s.kind, percentile=s.percentile, percentile_from=s.percentile_from,
+                band=s.band, target_tokens=s.target_tokens, n_docs=len(sel.rows), n_tokens=sel.n_tokens,
+                score_field=s.score_field if s.kind == "quantile" else None, score_range=sel.score_range, path=rel,
+            ))
+            counts["slices"] += 1
+    if not config.write_slices and slices_root.exists():
+        shutil.rmtree(slices_root)
+    plan = SlicePlan(job="proxy_eval.plan", config=config.model_dump(mode="json"), config_hash=config_hash(config),
+                     inputs=inputs, counts=counts, timings_s=sw.timings_s, decisions=decisions, slices=planned,
+                     outputs=[p.path for p in planned if p.path])
+    # the manifest is written last: its presence means every slice directory is complete
+    plan.write(out)
+    return plan

@@ -1,0 +1,171 @@
+"""Slice rules (seed-puro.md behaviour 16) and slice selection."""
+
+import numpy as np
+import pytest
+
+from common.component import Component
+from common.errors import ContractError
+from proxy_eval.plan import ComponentRef, PlanConfig, SlicePlan, make_plan
+from proxy_eval.slices import (SliceRules, decide_component, percentile_band, preference_order, select_slices,
+                               slice_name, take_contiguous)
+from tests.proxy_eval.helpers import synthetic_scored_component
+
+B = 1_000_000_000
+PAPER = SliceRules()
+
+
+def test_large_scored_source_gets_four_quantile_slices_named_from_best():
+    d = decide_component("dclm", 680 * B, scored=True, rules=PAPER, score_field="quality.hq")
+    assert d.rule == "quantile"
+    assert [s.name for s in d.slices] == ["dclm.q00-from-best", "dclm.q25-from-best", "dclm.q50-from-best",
+                                          "dclm.q75-from-best"]
+    assert [s.percentile for s in d.slices] == [0, 25, 50, 75]
+    assert all(s.target_tokens == 4 * B for s in d.slices)
+    # q00 is the best end: its band starts at token-mass 0 in preference order
+    assert d.slices[0].band[0] == 0.0
+    bands = [s.band for s in d.slices]
+    assert all(a[1] <= b[0] for a, b in zip(bands, bands[1:]))
+
+
+@pytest.mark.parametrize("n_tokens,scored,rule", [
+    (60 * B, False, "random"),     # large but unscored
+    (50 * B, True, "random"),      # boundary: 5 <= size <= 50 -> one random slice
+    (20 * B, True, "random"),
+    (5 * B, False, "random"),
+    (int(4.99 * B), True, "skip"),
+    (50 * B + 1, True, "quantile"),
+])
+def test_rule_boundaries(n_tokens, scored, rule):
+    d = decide_component("c", n_tokens, scored=scored, rules=PAPER)
+    assert d.rule == rule
+    assert len(d.slices) == {"random": 1, "skip": 0, "quantile": 4}[rule]
+    if rule == "random":
+        assert d.slices[0].name == "c.random" and d.slices[0].target_tokens == 4 * B
+
+
+def test_percentile_origin_is_explicit_and_configurable():
+    rules = SliceRules(percentile_from="worst")
+    d = decide_component("x", 100 * B, True, rules)
+    assert d.slices[0].name == "x.q00-from-worst"
+    assert slice_name("x", "quantile", 12.5, "best") == "x.q12p5-from-best"
+
+
+def test_percentile_band_center_and_start():
+    assert percentile_band(0, 0.1, "center") == (0.0, 0.1)
+    lo, hi = percentile_band(25, 0.1, "center")
+    assert (round(lo, 9), round(hi, 9)) == (0.2, 0.3)
+    assert percentile_band(25, 0.1, "start") == (0.25, pytest.approx(0.35))
+    assert percentile_band(99, 0.1, "start")[1] == pytest.approx(1.0)
+
+
+def test_overlapping_quantile_slices_are_refused():
+    with pytest.raises(ContractError, match="overlap"):
+        decide_component("c", 60 * B, True, SliceRules(slice_tokens=20 * B))
+
+
+def test_take_contiguous_within_one_doc():
+    rng = np.random.default_rng(0)
+    toks = rng.integers(1, 500, size=1000)
+    for start in (0, 1234, 50_000, int(toks.sum()) - 10):
+        i0, i1 = take_contiguous(toks, start, 20_000)
+        got = int(toks[i0:i1].sum())
+        assert got >= 20_000 and got - 20_000 < toks[i0:i1].max()
+        assert got - int(toks[i1 - 1]) < 20_000          # dropping the last doc would undershoot
+
+
+def test_preference_order_ties_and_nans():
+    scores = np.array([0.5, np.nan, 0.9, 0.5, 0.1])
+    keys = np.array([3, 0, 1, 2, 9], dtype=np.uint64)
+    assert preference_order(scores, keys, True, "best").tolist() == [2, 3, 0, 4]   # tie 0.5 broken by key
+    assert preference_order(scores, keys, True, "worst").tolist() == [4, 3, 0, 2]
+    assert preference_order(scores, keys, False, "best").tolist() == [4, 3, 0, 2]
+
+
+def _arrays(n=3000, seed=1):
+    rng = np.random.default_rng(seed)
+    ids = [f"d{i}" for i in range(n)]
+    toks = rng.integers(20, 300, size=n)
+    scores = rng.random(n)
+    return ids, toks, scores
+
+
+def test_selected_quantile_slices_are_ordered_disjoint_and_sized():
+    ids, toks, scores = _arrays()
+    total = int(toks.sum())
+    rules = SliceRules(slice_tokens=total // 20, quantile_min_tokens=total // 2, random_min_tokens=total // 10)
+    d = decide_component("web", total, True, rules)
+    sels = select_slices(d, ids, toks, scores)
+    assert [s.spec.name for s in sels] == [f"web.q{p}-from-best" for p in ("00", "25", "50", "75")]
+    for s in sels:
+        assert 0 <= s.n_tokens - rules.slice_tokens < toks.max()
+    all_rows = np.concatenate([s.rows for s in sels])
+    assert len(all_rows) == len(set(all_rows.tolist()))
+    # from the best end: every q00 doc scores above every q25 doc, and so on
+    for a, b in zip(sels, sels[1:]):
+        assert scores[a.rows].min() >= scores[b.rows].max()
+    # each slice sits around its percentile position in token mass
+    order = np.argsort(-scores)
+    cum_before = {int(r): int(c) for r, c in zip(order, np.concatenate([[0], np.cumsum(toks[order])[:-1]]))}
+    for s in sels[1:]:
+        start = min(cum_before[int(r)] for r in s.rows)
+        centre = start + s.n_tokens / 2
+        assert abs(centre / total - s.spec.percentile / 100) < 0.01
+
+
+def test_random_slice_is_seeded_and_order_free():
+    ids, toks, scores = _arrays()
+    total = int(toks.sum())
+    rules = SliceRules(slice_tokens=total // 10, quantile_min_tokens=total * 2, random_min_tokens=0, seed=7)
+    d = decide_component("web", total, True, rules)
+    a = select_slices(d, ids, toks, scores)[0]
+    perm = np.random.default_rng(3).permutation(len(ids))
+    b = select_slices(d, [ids[i] for i in perm], toks[perm], scores[perm])[0]
+    assert sorted(ids[i] for i in a.rows) == sorted(ids[perm[i]] for i in b.rows)
+    assert 0 <= a.n_tokens - rules.slice_tokens < toks.max()
+    d2 = decide_component("web", total, True, rules.model_copy(update={"seed": 8}))
+    c = select_slices(d2, ids, toks, scores)[0]
+    assert set(a.rows.tolist()) != set(c.rows.tolist())
+
+
+def test_make_plan_writes_slice_components_and_is_resumable(tmp_path):
+    web = synthetic_scored_component(tmp_path / "components", "web", n_docs=1500, seed=0)
+    code = synthetic_scored_component(tmp_path / "components", "code", n_docs=300, seed=1, scored=False)
+    tiny = synthetic_scored_component(tmp_path / "components", "tiny", n_docs=20, seed=2)
+    web_tokens = Component.open(web).manifest.n_tokens
+    rules = SliceRules(slice_tokens=web_tokens // 20, quantile_min_tokens=web_tokens // 2,
+                       random_min_tokens=web_tokens // 20)
+    cfg = PlanConfig(components=[ComponentRef(path=str(web)), ComponentRef(path=str(code)), ComponentRef(path=str(tiny))],
+                     rules=rules, out=str(tmp_path / "plan"))
+    plan = make_plan(cfg)
+    assert {d.component: d.rule for d in plan.decisions} == {"web": "quantile", "code": "random", "tiny": "skip"}
+    assert len(plan.slices) == 5
+    for s in plan.slices:
+        comp = Component.open(plan.slice_dir(tmp_path / "plan", s.name), verify_hashes=True)
+        assert comp.manifest.n_docs == s.n_docs
+        assert comp.manifest.n_tokens == s.n_tokens
+        assert s.n_tokens >= rules.slice_tokens
+        assert "quality.hq" in comp.columns or s.component == "code"
+    q = [s for s in plan.slices if s.kind == "quantile"]
+    assert q[0].score_range[0] >= q[1].score_range[1]
+    reread = SlicePlan.load(tmp_path / "plan")
+    assert reread.config_hash == plan.config_hash
+    mtime = (tmp_path / "plan" / "manifest.json").stat().st_mtime_ns
+    again = make_plan(cfg)
+    assert again.created_at == plan.created_at
+    assert (tmp_path / "plan" / "manifest.json").stat().st_mtime_ns == mtime
+
+
+def test_plan_requires_token_counts(tmp_path):
+    from tests.proxy_eval.helpers import write_component
+    import pyarrow.parquet as pq
+    path = write_component(tmp_path, "raw", ["a b c"] * 5)
+    # drop n_tokens by rewriting the component without it
+    comp = Component.open(path)
+    table = comp.read().drop(["n_tokens"])
+    d = tmp_path / ".b"
+    d.mkdir()
+    pq.write_table(table, d / "p.parquet")
+    from common.component import finalize_component
+    finalize_component(d, tmp_path / "raw2", {"job": "t", "name": "raw2"})
+    with pytest.raises(ContractError, match="n_tokens"):
+        make_plan(PlanConfig(components=[ComponentRef(path=str(tmp_path / "raw2"))], out=str(tmp_path / "p")))
