@@ -1,0 +1,161 @@
+"""Seed data of the domain generators: one validated loader per file kind.
+
+Every seed file is YAML (or JSON/JSONL where noted) with a `schema: <kind>/<version>` field; a
+loader validates it and fails with a `ContractError` naming the file and the field. The files
+shipped in `synth/domains/data/` are written for this project; users point a generator's config
+at their own files of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common.errors import ContractError
+from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, tool_definition_problems
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def data_path(name: str) -> Path:
+    """A file shipped in `synth/domains/data/`."""
+    return DATA_DIR / name
+
+
+def resolve_seed_path(path: str | os.PathLike) -> Path:
+    """`path` as given, or, when it is a bare name that does not exist, the shipped file of that name."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and len(p.parts) == 1 and (DATA_DIR / p).exists():
+        return DATA_DIR / p
+    return p
+
+
+def _read(path: str | os.PathLike) -> Any:
+    path = resolve_seed_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ContractError(path, "seed file not found") from None
+    try:
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise ContractError(path, f"not valid {path.suffix.lstrip('.').upper() or 'YAML'} ({e})") from None
+
+
+def _validate(model: type[BaseModel], raw: Any, path: str | os.PathLike, kind: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ContractError(path, "expected a mapping at the top level")
+    if raw.get("schema") != kind:
+        raise ContractError(path, f"schema is {raw.get('schema')!r}, expected {kind!r}", field="schema")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ContractError(path, f"{err['msg']} (input: {err.get('input')!r:.100})", field=field) from None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- tool use -----------------------------------------------------------------------------
+
+class Toolset(_Strict):
+    id: str
+    description: str = ""
+    tools: list[dict[str, Any]]
+
+    @model_validator(mode="after")
+    def _tools_valid(self) -> "Toolset":
+        problems = tool_definition_problems(self.tools)
+        if problems:
+            raise ValueError(f"toolset {self.id!r}: " + "; ".join(problems))
+        return self
+
+
+class ToolsetFile(_Strict):
+    schema_: str = Field(alias="schema")
+    toolsets: list[Toolset]
+
+    @model_validator(mode="after")
+    def _unique(self) -> "ToolsetFile":
+        ids = [t.id for t in self.toolsets]
+        if len(set(ids)) != len(ids):
+            raise ValueError("toolset ids must be unique")
+        names = [t["function"]["name"] for ts in self.toolsets for t in ts.tools]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"function names must be unique across toolsets (a task may combine toolsets): {dup}")
+        return self
+
+
+def load_toolsets(path: str | os.PathLike = "toolsets.yaml") -> list[Toolset]:
+    return _validate(ToolsetFile, _read(path), path, "toolsets/1").toolsets
+
+
+class Persona(_Strict):
+    id: str
+    description: str
+
+
+class PersonaFile(_Strict):
+    schema_: str = Field(alias="schema")
+    personas: list[Persona]
+
+
+def load_personas(path: str | os.PathLike = "personas.yaml") -> list[Persona]:
+    personas = _validate(PersonaFile, _read(path), path, "personas/1").personas
+    if len({p.id for p in personas}) != len(personas):
+        raise ContractError(path, "persona ids must be unique", field="personas")
+    return personas
+
+
+class TopicFile(_Strict):
+    """Topics per conversation type (the paper samples the topic conditioned on the type)."""
+
+    schema_: str = Field(alias="schema")
+    topics: dict[Literal["single_turn", "multi_turn", "multi_step"], list[str]]
+
+
+def load_topics(path: str | os.PathLike = "tool_topics.yaml") -> dict[str, list[str]]:
+    return _validate(TopicFile, _read(path), path, "tool_topics/1").topics
+
+
+class Domain(_Strict):
+    """A customer-service domain of the conversational pipeline (§2.11), optionally with its
+    policy and tools written by hand (otherwise the generator asks the teacher for them)."""
+
+    id: str
+    description: str
+    subdomains: list[str] = []
+    policy: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _tools_valid(self) -> "Domain":
+        if self.tools is not None:
+            problems = tool_definition_problems(self.tools)
+            if len(self.tools) > MAX_TOOLS_PER_TASK:
+                problems.append(f"{len(self.tools)} tools, at most {MAX_TOOLS_PER_TASK}")
+            if problems:
+                raise ValueError(f"domain {self.id!r}: " + "; ".join(problems))
+        return self
+
+
+class DomainFile(_Strict):
+    schema_: str = Field(alias="schema")
+    domains: list[Domain]
+
+
+def load_domains(path: str | os.PathLike = "service_domains.yaml") -> list[Domain]:
+    return _validate(DomainFile, _read(path), path, "service_domains/1").domains
