@@ -1,0 +1,126 @@
+"""`python -m trainer <command>`
+
+  train     --config run.yaml [key.sub=value ...]     train or resume (also under torchrun)
+  average   --checkpoints DIR --out DIR [--n 6 --spacing 100]   CMA: average the last n checkpoints
+  export    --checkpoint DIR --out DIR [--tokenizer PATH]       Hugging Face Qwen3ForCausalLM directory
+  schedule  [--config run.yaml | --kinds ...] --out lr.png      plot learning-rate schedules
+  params    --preset 1.7b [--vocab N]                            parameter counts and MuonH routing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def cmd_train(args) -> int:
+    from trainer.config import load_run_config
+    from trainer.train import train
+
+    cfg = load_run_config(args.config, args.overrides)
+    summary = train(cfg)
+    if summary and int(__import__("os").environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: summary[k] for k in ("run_dir", "step", "tokens_seen", "eval_loss", "checkpoint")}))
+    return 0
+
+
+def cmd_average(args) -> int:
+    from trainer.average import average_checkpoints, average_last
+
+    dtype = _DTYPES[args.dtype]
+    if args.sources:
+        out = average_checkpoints(args.sources, args.out, dtype)
+    else:
+        out = average_last(args.checkpoints, args.out, n=args.n, spacing=args.spacing, dtype=dtype)
+    from trainer.checkpoint import read_state
+    st = read_state(out)
+    print(json.dumps({"out": str(out), "steps": [s["step"] for s in st.sources], "dtype": args.dtype}))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from trainer.export import export_hf
+
+    out = export_hf(args.checkpoint, args.out, tokenizer=args.tokenizer, dtype=_DTYPES[args.dtype],
+                    eos_token=args.eos_token)
+    print(json.dumps({"out": str(out)}))
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    from trainer.plots import plot_schedules
+
+    out = plot_schedules(args.out, config=args.config, overrides=args.overrides, steps=args.steps,
+                         tokens_per_step=args.tokens_per_step)
+    print(json.dumps(out))
+    return 0
+
+
+def cmd_params(args) -> int:
+    from trainer.model import build_model, count_params, preset_config
+    from trainer.optim import is_matrix_role, route_params
+
+    over = {"vocab_size": args.vocab} if args.vocab else {}
+    model = build_model(preset_config(args.preset, **over), device="meta")
+    counts = count_params(model)
+    routed = route_params(model.named_parameters())
+    counts["muonh"] = sum(p.numel() for role, items in routed.items() if is_matrix_role(role) for _, p in items)
+    counts["adamw"] = counts["total"] - counts["muonh"]
+    counts["by_role"] = {role: sum(p.numel() for _, p in items) for role, items in routed.items()}
+    print(json.dumps({"preset": args.preset, **counts}, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train or resume a run")
+    p.add_argument("--config", required=True)
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("average", help="CMA: equal-weight average of checkpoints (BF16)")
+    p.add_argument("--checkpoints", help="a run dir or its checkpoints/ dir")
+    p.add_argument("--sources", nargs="*", help="explicit checkpoint dirs instead of --checkpoints")
+    p.add_argument("--out", required=True)
+    p.add_argument("--n", type=int, default=6)
+    p.add_argument("--spacing", type=int, default=100, help="steps between averaged checkpoints (0: any)")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
+    p.set_defaults(fn=cmd_average)
+
+    p = sub.add_parser("export", help="write a Hugging Face Qwen3ForCausalLM directory")
+    p.add_argument("--checkpoint", required=True, help="checkpoint dir, checkpoints dir or run dir (latest)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokenizer", help="tokenizer dir or tokenizer.json (default: the run's shard-set tokenizer)")
+    p.add_argument("--eos-token", default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("schedule", help="plot learning-rate schedules")
+    p.add_argument("--config", help="plot this run's schedule (base and matrix-group rates)")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=1000, help="horizon for the gallery (without --config)")
+    p.add_argument("--tokens-per-step", type=int, default=6_291_456)
+    p.set_defaults(fn=cmd_schedule)
+
+    p = sub.add_parser("params", help="parameter counts of a preset")
+    p.add_argument("--preset", required=True)
+    p.add_argument("--vocab", type=int, default=None)
+    p.set_defaults(fn=cmd_params)
+
+    args = ap.parse_args(argv)
+    if args.command == "average" and not (args.checkpoints or args.sources):
+        ap.error("average needs --checkpoints or --sources")
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The typed run config of `python -m trainer train` (YAML + `key.sub=value` overrides).
+
+Layering: a preset (`extends: <name>` for a file in trainer/presets/, or a path) < the run file <
+command-line overrides. Every field is recorded in each checkpoint's state.json.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common.config import apply_overrides, load_yaml
+from common.errors import ContractError
+from trainer.model import PRESETS, ModelConfig, preset_config
+from trainer.optim import OptimConfig
+from trainer.schedules import ConstantSchedule, ScheduleConfig
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Strict):
+    preset: str = "tiny"
+    overrides: dict[str, Any] = Field(default_factory=dict)   # any ModelConfig field; vocab_size comes from data
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSection":
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; presets: {', '.join(PRESETS)}")
+        unknown = set(self.overrides) - set(ModelConfig.model_fields)
+        if unknown:
+            raise ValueError(f"unknown model fields {sorted(unknown)}; fields: {', '.join(ModelConfig.model_fields)}")
+        return self
+
+    def build(self, vocab_size: int | None, seq_len: int | None) -> ModelConfig:
+        over = dict(self.overrides)
+        if vocab_size is not None:
+            over.setdefault("vocab_size", vocab_size)
+        cfg = preset_config(self.preset, **over)
+        if seq_len is not None and cfg.max_seq_len < seq_len:
+            cfg = cfg.model_copy(update={"max_seq_len": seq_len})
+        return cfg
+
+
+class SyntheticData(_Strict):
+    """A learnable synthetic token stream (a seeded sparse Markov chain with EOS-separated
+    documents), for benchmarks and tests that need no shards. Exactly resumable by sequence index."""
+    vocab_size: int = 256
+    seq_len: int = 64
+    seed: int = 0
+    branching: int = 4            # next-token candidates per token: entropy floor ~ log(branching)
+    mean_doc_tokens: int = 48
+
+
+class DataSection(_Strict):
+    train: str | None = None                  # shard-set directory (mixtures); None: synthetic
+    eval: str | None = None                   # held-out shard-set directory
+    synthetic: SyntheticData | None = None
+    eval_synthetic_seed: int = 1_000_003      # held-out synthetic stream (when eval is None and synthetic)
+    document_mask: bool = False               # attention stays inside each packed document
+    document_positions: bool = False          # rotary positions restart at each document
+    verify_hashes: bool = False               # sha256 every shard on open
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataSection":
+        if self.train is None and self.synthetic is None:
+            raise ValueError("data.train (a shard set) or data.synthetic is required")
+        return self
+
+
+class TrainSection(_Strict):
+    steps: int = Field(gt=0)                  # optimizer steps in this run (from its start step)
+    global_batch: int = Field(8, gt=0)        # sequences per optimizer step, all ranks together
+    micro_batch: int = Field(4, gt=0)         # sequences per forward/backward on one rank
+
+
+class CheckpointSection(_Strict):
+    every_steps: int = Field(50, ge=0)        # 0: only at the end
+    keep_last: int = Field(3, ge=1)
+    keep_every: int = Field(0, ge=0)          # also keep every K-th step forever (0: none)
+    at_end: bool = True
+
+
+class EvalSection(_Strict):
+    every_steps: int = Field(0, ge=0)         # 0: only at the end (if data.eval is set)
+    sequences: int = Field(32, gt=0)          # held-out sequences per evaluation (the same ones each time)
+    at_end: bool = True
+
+
+class LogSection(_Strict):
+    every_steps: int = Field(1, gt=0)         # progress line frequency
+    detail_every: int = Field(1, gt=0)        # per-layer zero-grad fractions and effective LRs
+    progress: Literal["line", "bar", "none"] = "line"
+    tensorboard: bool = False
+
+
+class InitFrom(_Strict):
+    """Start from another run's checkpoint (phase 2 from phase 1, CDC from CD at resume_step)."""
+    path: str                                 # checkpoint dir, or a checkpoints dir / run dir (latest)
+    load_optimizer: bool = True
+    continue_data: bool = False               # keep reading the same stream from its cursor
+    reset_step: bool = False                  # count steps from 0 instead of continuing the counter
+
+
+class RunConfig(_Strict):
+    schema_: str = Field("trainer-run/1", alias="schema")
+    run_dir: str
+    seed: int = 0
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection
+    objective: Literal["pretrain", "sft"] = "pretrain"
+    precision: Literal["auto", "fp32", "bf16", "fp8-blockwise"] = "auto"   # auto: fp32 on CPU, bf16 on CUDA
+    device: str = "auto"
+    compile: bool = False
+    deterministic: bool = True
+    train: TrainSection
+    schedule: ScheduleConfig = Field(default_factory=lambda: ConstantSchedule(lr=1e-3))
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    log: LogSection = Field(default_factory=LogSection)
+    init_from: InitFrom | None = None
+    notes: dict[str, Any] = Field(default_factory=dict)   # free-form labels (e.g. variant: CMA)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _resolve_extends(data: dict, origin: Path | None, seen: tuple = ()) -> dict:
+    ext = data.pop("extends", None)
+    if ext is None:
+        return data
+    path = Path(ext)
+    if not path.suffix:
+        path = PRESET_DIR / f"{ext}.yaml"
+    elif not path.is_absolute() and origin is not None:
+        path = origin.parent / path
+    if path in seen:
+        raise ContractError(path, "circular 'extends'")
+    base = _resolve_extends(load_yaml(path), path, seen + (path,))
+    return _deep_merge(base, data)
+
+
+def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
+                    data: dict | None = None) -> RunConfig:
+    """Layer preset < file (or `data`) < overrides and validate; errors name the file and field."""
+    origin = Path(path) if path else None
+    raw = load_yaml(path) if path else dict(data or {})
+    raw = _resolve_extends(raw, origin)
+    raw = apply_overrides(raw, overrides or [])
+    raw = _resolve_extends(raw, origin)       # an override may set `extends`
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ContractError(path or "<config>", f"{err['msg']} (input: {err.get('input')!r:.80})", field=field) from None

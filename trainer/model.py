@@ -1,0 +1,257 @@
+"""A Qwen3-style dense decoder in plain PyTorch (Puro §2.1: Qwen3-1.7B shapes, untied embeddings).
+
+Read top to bottom: config and presets, RMSNorm, rotary embeddings, attention (grouped-query heads,
+QK-norm, `F.scaled_dot_product_attention`, optional document masking), SwiGLU MLP, block, model.
+Module and parameter names mirror Hugging Face's `Qwen3ForCausalLM` (`model.layers.3.self_attn.q_proj`
+...) so export is a rename-free copy (`trainer.export`).
+
+This file knows nothing of precision recipes or parallelism: FP8 is a module swap applied by
+`trainer.fp8.convert_to_fp8`, data parallelism a wrapper applied by the training loop (the torchtitan
+split). The forward has no data-dependent Python branches, so `torch.compile` traces it whole.
+
+Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads, Dh head
+width, F MLP width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class ModelConfig(BaseModel):
+    """Shapes of the decoder. `vocab_size` normally comes from the shard set's tokenizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    max_seq_len: int = 4096
+    rope_theta: float = 1_000_000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        return self
+
+
+QWEN3_VOCAB = 151_936
+
+# Presets. `0.6b` and `1.7b` are Qwen3-0.6B / Qwen3-1.7B shapes (public configs) with the embedding
+# untied from the LM head, as Puro does (§2.1); `50m` and `150m` are named by their non-embedding
+# parameters. `tiny` is for tests and the CPU demo. `vocab_size` is overridden by the shard set.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(vocab_size=QWEN3_VOCAB, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                 d_ff=192, max_seq_len=1024),
+    "50m": dict(vocab_size=QWEN3_VOCAB, d_model=512, n_layers=12, n_heads=8, n_kv_heads=4, head_dim=64,
+                d_ff=2048),
+    "150m": dict(vocab_size=QWEN3_VOCAB, d_model=1024, n_layers=12, n_heads=8, n_kv_heads=4, head_dim=128,
+                 d_ff=3072),
+    "0.6b": dict(vocab_size=QWEN3_VOCAB, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                 d_ff=3072),
+    "1.7b": dict(vocab_size=QWEN3_VOCAB, d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                 d_ff=6144),
+}
+
+
+def preset_config(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 like Qwen3's reference."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (max_seq_len, head_dim): frequencies theta^(-2i/Dh), duplicated halves."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)   # (T, Dh/2)
+    angles = torch.cat((angles, angles), dim=-1)                                       # (T, Dh)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves (the GPT-NeoX / Qwen layout). x: (B, heads, T, Dh); cos, sin: (B, 1, T, Dh)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin
+
+
+def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) boolean mask: a token attends to earlier tokens of its own document only.
+
+    doc_ids: (B, T) integers that change value at each document boundary (e.g. the running count of
+    EOS tokens). True = may attend, as `scaled_dot_product_attention` expects.
+    """
+    T = doc_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]                              # (B, T, T)
+    return (same_doc & causal)[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)     # QK-norm, per head
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)     # (B,H,T,Dh)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B,K,T,Dh)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B,K,T,Dh)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """Embedding, blocks, final norm (HF's `model.*` part)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+
+class Transformer(nn.Module):
+    """Qwen3-style causal LM with an untied LM head. `forward` returns logits (B, T, V)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Decoder(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, init_std) for embeddings and linears; residual outputs (o_proj, down_proj)
+        scaled by 1/sqrt(2 n_layers) (GPT-2). Every matrix is non-zero: MuonH fixes each matrix's
+        radius at its initial Frobenius norm (Puro Eq. 1), so a zero matrix would stay zero."""
+        std = self.cfg.init_std
+        residual_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.device.type == "meta":
+                continue
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.normal_(0.0, residual_std, generator=generator)
+            elif p.ndim == 2:
+                p.normal_(0.0, std, generator=generator)
+            else:
+                p.fill_(1.0)                              # norm gains
+        if self.rope_cos.device.type != "meta":
+            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V).
+
+        positions (B, T): rotary positions (default 0..T-1; pass per-document positions to restart
+        them at each document). doc_ids (B, T): when given, attention is masked to each document.
+        """
+        B, T = tokens.shape
+        if positions is None:
+            cos = self.rope_cos[:T][None, None]                                 # (1,1,T,Dh)
+            sin = self.rope_sin[:T][None, None]
+        else:
+            cos = self.rope_cos[positions][:, None]                             # (B,1,T,Dh)
+            sin = self.rope_sin[positions][:, None]
+        x = self.model.embed_tokens(tokens)                                     # (B,T,D)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        mask = None if doc_ids is None else document_causal_mask(doc_ids)
+        for block in self.model.layers:
+            x = block(x, cos, sin, mask)
+        return self.lm_head(self.model.norm(x))                                 # (B,T,V)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:
+    """Construct and initialize deterministically from `seed` (the same seed gives the same weights)."""
+    with torch.device(device):
+        model = Transformer(cfg)
+    if torch.device(device).type != "meta":
+        gen = torch.Generator(device=device).manual_seed(seed)
+        model.init_weights(gen)
+    return model
+
+
+def count_params(model: nn.Module) -> dict[str, int]:
+    """Total, embedding, LM head and non-embedding parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    embed = model.model.embed_tokens.weight.numel()
+    head = model.lm_head.weight.numel()
+    return {"total": total, "embedding": embed, "lm_head": head, "non_embedding": total - embed - head}
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token cross entropy in fp32, shape of `targets`. Targets < 0 give 0 (ignored)."""
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1), reduction="none",
+                           ignore_index=-100).view(targets.shape)

@@ -1,0 +1,412 @@
+"""MuonH (Puro §3.3, Eq. 1), plain Muon with decoupled weight decay (Eq. 3), effective-LR-aligned
+Muon (Eq. 5), and the AdamW that takes everything else.
+
+Symbols follow the paper: W the matrix, R = ||W_0||_F its fixed radius, u the Muon update
+(Newton-Schulz orthogonalized Nesterov momentum), u_hat = u / ||u||_F, eta the learning rate,
+rho = eta ||u||_F / ||W||_F the effective learning rate (Eq. 4).
+
+Routing (behaviour 20): q, k, v, o, gate, up and down projections go to the matrix optimizer;
+embeddings, the LM head, every RMSNorm gain (QK-norm included) and anything else go to AdamW.
+The matrix groups run at m times the base learning rate (m = 10 in Puro), AdamW groups at the base.
+
+Newton-Schulz runs batched over all matrices of the same shape (one `baddbmm` chain per shape), and
+under data parallelism each rank orthogonalizes a contiguous share of every shape's stack and the
+results are all-gathered (as in modded-nanogpt), so the work is split, not repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)     # quintic Newton-Schulz (Keller Jordan's Muon)
+MATRIX_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class OptimConfig(BaseModel):
+    """Optimizer settings. Puro gives the routing, Eq. 1 and m = 10; the rest are the common
+    Muon/AdamW defaults (spec §5.3: not in the seed) and are recorded with every run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    matrix: str = Field("muonh", pattern="^(muonh|muon|muon_elr|adamw)$")   # rule for q,k,v,o,gate,up,down
+    matrix_lr_mult: float = 10.0          # m: eta^H = m * eta^base (Puro §3.3)
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coeffs: tuple[float, float, float] = NS_COEFFS
+    ns_dtype: str = Field("auto", pattern="^(auto|float32|bfloat16)$")      # auto: bf16 on CUDA, fp32 on CPU
+    muon_weight_decay: float = 0.1        # decoupled, Eq. 3 (plain Muon and ELR-aligned Muon only)
+    muon_scale: str = Field("shape", pattern="^(shape|none)$")   # plain Muon: sqrt(max(1, rows/cols)) (Keller)
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: float = 1e-8
+    adam_weight_decay: float = 0.1        # embeddings and LM head; norms and 1-D params get none
+    grad_clip: float | None = 1.0         # global L2 norm clip before the step (None: off)
+    distribute_ns: bool = True            # split Newton-Schulz across data-parallel ranks
+
+
+# --------------------------------------------------------------------------------------------
+# Routing
+# --------------------------------------------------------------------------------------------
+
+def param_role(name: str) -> str:
+    """The role of a parameter: one of MATRIX_ROLES, or 'embed', 'lm_head', 'norm', 'other'."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in MATRIX_ROLES:
+        return parts[-2]
+    if "embed_tokens" in parts:
+        return "embed"
+    if parts[0] == "lm_head" or "lm_head" in parts:
+        return "lm_head"
+    if any(p.endswith("norm") or p.endswith("layernorm") for p in parts[:-1]):
+        return "norm"
+    return "other"
+
+
+def route_params(named: Iterable[tuple[str, torch.nn.Parameter]]) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """Split parameters by role (behaviour 20). Returns role -> [(name, param)], in model order."""
+    out: dict[str, list] = defaultdict(list)
+    for name, p in named:
+        if p.requires_grad:
+            out[param_role(name.removeprefix("module.").removeprefix("_orig_mod."))].append((name, p))
+    return dict(out)
+
+
+def is_matrix_role(role: str) -> bool:
+    return role in MATRIX_ROLES
+
+
+# --------------------------------------------------------------------------------------------
+# The equations, one function each
+# --------------------------------------------------------------------------------------------
+
+def nesterov_momentum_(buf: torch.Tensor, grad: torch.Tensor, beta: float, nesterov: bool = True) -> torch.Tensor:
+    """buf <- beta buf + (1 - beta) g; returns the Nesterov look-ahead (1 - beta) g + beta buf
+    (or buf itself without Nesterov). Works on stacks."""
+    buf.lerp_(grad, 1 - beta)
+    return grad.lerp(buf, beta) if nesterov else buf.clone()
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, float] = NS_COEFFS,
+                  dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
+    """Approximate the orthogonal polar factor U V^T of G = U S V^T with the quintic iteration
+    X <- a X + (b A + c A^2) X, A = X X^T, after scaling X to unit Frobenius norm.
+
+    G: (..., m, n), batched over leading dims. Works on the wide orientation (m <= n) so that A is
+    the smaller Gram matrix. Returns a tensor of G's dtype.
+    """
+    a, b, c = coeffs
+    X = G.to(dtype)
+    transposed = X.size(-2) > X.size(-1)
+    if transposed:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c) if A.ndim == 3 else b * A + c * (A @ A)
+        X = torch.baddbmm(X, B, X, beta=a, alpha=1.0) if X.ndim == 3 else a * X + B @ X
+    if transposed:
+        X = X.mT
+    return X.to(G.dtype)
+
+
+def frobenius(x: torch.Tensor) -> torch.Tensor:
+    """Per-matrix Frobenius norm of a stack (..., m, n) -> (..., 1, 1)."""
+    return x.norm(dim=(-2, -1), keepdim=True)
+
+
+def hyperball_update(W: torch.Tensor, u: torch.Tensor, eta: float, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Puro Eq. 1. u_hat = u/||u||; W~ = W - eta R u_hat; W' = R W~/||W~||.
+
+    Returns (W', displacement W~ - W). Its norm is eta R, so rho = eta R / ||W|| = eta (Eq. 4)."""
+    u_hat = u / frobenius(u).clamp_min(1e-30)
+    displacement = -eta * R * u_hat
+    W_tilde = W + displacement
+    return R * W_tilde / frobenius(W_tilde), displacement
+
+
+def muon_update(W: torch.Tensor, u: torch.Tensor, eta: float, weight_decay: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Puro Eq. 3 (ordinary Muon, decoupled weight decay): W' = (1 - lambda eta) W - eta u.
+    Returns (W', the gradient displacement -eta u)."""
+    displacement = -eta * u
+    return (1 - weight_decay * eta) * W + displacement, displacement
+
+
+def elr_aligned_update(W: torch.Tensor, u: torch.Tensor, rho: float, weight_decay: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Puro Eq. 5: ordinary Muon whose per-matrix step eta_t = rho^H ||W_t|| / ||u_t|| makes its
+    effective LR equal MuonH's rate rho^H, without the projection. Weight decay uses that eta_t."""
+    eta = rho * frobenius(W) / frobenius(u).clamp_min(1e-30)
+    displacement = -eta * u
+    return (1 - weight_decay * eta) * W + displacement, displacement
+
+
+def effective_lr(displacement: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Measured rho = ||displacement|| / ||W|| per matrix (Eq. 4), shape (...,)."""
+    return (frobenius(displacement) / frobenius(W)).flatten()
+
+
+# --------------------------------------------------------------------------------------------
+# The matrix optimizer
+# --------------------------------------------------------------------------------------------
+
+def _dp_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class MatrixOptimizer(torch.optim.Optimizer):
+    """Orthogonalized-momentum optimizer for 2-D weights with three update rules:
+
+    - `muonh`: Hyperball projection at the initial radius (Eq. 1), no weight decay.
+    - `muon`: ordinary Muon, update scaled by sqrt(max(1, rows/cols)), decoupled weight decay (Eq. 3).
+    - `muon_elr`: Muon with its per-matrix step set so that rho equals the group's rate (Eq. 5).
+
+    Each param group carries `lr` (set by the training loop every step: m x base) and `name`.
+    After `step()`, `last_effective_lr` maps group name -> list of measured rho per matrix.
+    """
+
+    def __init__(self, param_groups: list[dict[str, Any]], rule: str = "muonh", momentum: float = 0.95,
+                 nesterov: bool = True, ns_steps: int = 5, ns_coeffs=NS_COEFFS, ns_dtype: str = "auto",
+                 weight_decay: float = 0.0, muon_scale: str = "shape", distribute: bool = True):
+        if rule not in ("muonh", "muon", "muon_elr"):
+            raise ValueError(f"unknown matrix rule {rule!r}")
+        defaults = dict(lr=0.0, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        super().__init__(param_groups, defaults)
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"{rule} takes 2-D matrices; group {g.get('name')} has shape {tuple(p.shape)}")
+        self.rule, self.ns_steps, self.ns_coeffs = rule, ns_steps, tuple(ns_coeffs)
+        self.ns_dtype, self.muon_scale, self.distribute = ns_dtype, muon_scale, distribute
+        self.last_effective_lr: dict[str, list[float]] = {}
+        if rule == "muonh":
+            self._init_radius()
+
+    @torch.no_grad()
+    def _init_radius(self) -> None:
+        """R = ||W_0||_F per matrix, fixed for the rest of training and checkpointed."""
+        for g in self.param_groups:
+            for p in g["params"]:
+                st = self.state[p]
+                if "radius" not in st:
+                    R = p.detach().float().norm()
+                    if R == 0:
+                        raise ValueError(f"MuonH needs non-zero initial matrices (group {g.get('name')}): "
+                                         "the radius R = ||W_0||_F would be 0")
+                    st["radius"] = R
+
+    def _ns_dtype(self, device: torch.device) -> torch.dtype:
+        if self.ns_dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return getattr(torch, self.ns_dtype)
+
+    @torch.no_grad()
+    def _orthogonalize(self, stack: torch.Tensor) -> torch.Tensor:
+        """Newton-Schulz on a (k, m, n) stack; split across data-parallel ranks when enabled."""
+        rank, world = _dp_world()
+        dtype = self._ns_dtype(stack.device)
+        if not self.distribute or world == 1:
+            return newton_schulz(stack, self.ns_steps, self.ns_coeffs, dtype)
+        k = stack.shape[0]
+        per_rank = math.ceil(k / world)
+        padded = torch.zeros((per_rank * world, *stack.shape[1:]), dtype=stack.dtype, device=stack.device)
+        padded[:k] = stack
+        mine = newton_schulz(padded[rank * per_rank:(rank + 1) * per_rank], self.ns_steps, self.ns_coeffs, dtype)
+        gathered = torch.empty_like(padded)
+        dist.all_gather_into_tensor(gathered, mine.contiguous())
+        return gathered[:k]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("closures are not supported")
+        self.last_effective_lr = {}
+        # Bucket every matrix with a gradient by shape (all groups together: one NS per shape).
+        buckets: dict[tuple[int, int], list[tuple[dict, torch.nn.Parameter]]] = defaultdict(list)
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    buckets[tuple(p.shape)].append((g, p))
+        for shape, items in buckets.items():
+            params = [p for _, p in items]
+            grads = torch.stack([p.grad.float() for p in params])
+            bufs = []
+            for p in params:
+                st = self.state[p]
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+                bufs.append(st["momentum_buffer"])
+            buf_stack = torch.stack(bufs)
+            g0 = items[0][0]
+            m = nesterov_momentum_(buf_stack, grads, g0["momentum"], g0["nesterov"])
+            for b_src, b_new in zip(bufs, buf_stack.unbind(0)):
+                b_src.copy_(b_new)
+            u = self._orthogonalize(m)
+            if self.rule == "muon" and self.muon_scale == "shape":
+                u = u * math.sqrt(max(1.0, shape[0] / shape[1]))
+            W = torch.stack([p.float() for p in params])
+            lrs = torch.tensor([g["lr"] for g, _ in items], dtype=torch.float32, device=W.device).view(-1, 1, 1)
+            wds = torch.tensor([g["weight_decay"] for g, _ in items], dtype=torch.float32, device=W.device).view(-1, 1, 1)
+            if self.rule == "muonh":
+                R = torch.stack([self.state[p]["radius"].to(W.device) for p in params]).view(-1, 1, 1)
+                W_new, disp = hyperball_update(W, u, lrs, R)
+            elif self.rule == "muon":
+                W_new, disp = muon_update(W, u, lrs, wds)
+            else:
+                W_new, disp = elr_aligned_update(W, u, lrs, wds)
+            rho = effective_lr(disp, W).tolist()
+            for (g, p), w_new, r in zip(items, W_new.unbind(0), rho):
+                p.copy_(w_new)
+                self.last_effective_lr.setdefault(g["name"], []).append(r)
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Both optimizers behind one object
+# --------------------------------------------------------------------------------------------
+
+class CombinedOptimizer:
+    """The matrix optimizer (if any) plus AdamW, stepped together. Every param group has `name` and
+    `lr_mult`; `set_lr(base)` sets lr = lr_mult x base for all of them (Puro: m for MuonH groups,
+    1 for AdamW groups; both share the base schedule)."""
+
+    def __init__(self, optimizers: dict[str, torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    def set_lr(self, lr_base: float) -> dict[str, float]:
+        out = {}
+        for g in self.param_groups:
+            g["lr"] = lr_base * g["lr_mult"]
+            out[g["name"]] = g["lr"]
+        return out
+
+    def step(self) -> None:
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def effective_lr(self) -> dict[str, list[float]]:
+        opt = self.optimizers.get("matrix")
+        return getattr(opt, "last_effective_lr", {}) if opt is not None else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: opt.state_dict() for k, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != set(self.optimizers):
+            raise ValueError(f"optimizer state has parts {sorted(state)}, this run has {sorted(self.optimizers)} "
+                             "(was the checkpoint written with another optimizer.matrix?)")
+        for k, opt in self.optimizers.items():
+            opt.load_state_dict(state[k])
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
+    """Route the model's parameters (behaviour 20) and build MuonH/Muon/ELR-Muon + AdamW groups.
+
+    One param group per role, so metrics and learning rates are reported per role."""
+    routed = route_params(model.named_parameters())
+    matrix_groups, adam_groups = [], []
+    for role, items in routed.items():
+        params = [p for _, p in items]
+        if is_matrix_role(role) and cfg.matrix != "adamw":
+            matrix_groups.append(dict(params=params, name=f"{cfg.matrix}/{role}", lr_mult=cfg.matrix_lr_mult,
+                                      weight_decay=0.0 if cfg.matrix == "muonh" else cfg.muon_weight_decay))
+        else:
+            decay = cfg.adam_weight_decay if role in ("embed", "lm_head") or (is_matrix_role(role)) else 0.0
+            adam_groups.append(dict(params=params, name=f"adamw/{role}", lr_mult=1.0, weight_decay=decay))
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    if matrix_groups:
+        optimizers["matrix"] = MatrixOptimizer(
+            matrix_groups, rule=cfg.matrix, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
+            ns_coeffs=cfg.ns_coeffs, ns_dtype=cfg.ns_dtype, muon_scale=cfg.muon_scale, distribute=cfg.distribute_ns)
+    optimizers["adamw"] = torch.optim.AdamW(adam_groups, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                                            foreach=True)
+    return CombinedOptimizer(optimizers)
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer-state placement across ranks (Puro §3.1.3, behaviour 32)
+# --------------------------------------------------------------------------------------------
+
+def place_greedy(muon_sizes: list[int], adam_sizes: list[int], n_ranks: int) -> list[list[tuple[str, int, int]]]:
+    """Puro §3.1.3: keep Muon tensors intact and assign them greedily by size (largest first, to the
+    least loaded rank, like bin packing); then spread the flattened Adam tensors to level the ranks.
+
+    Returns per rank a list of (kind, tensor index, elements). Adam tensors may be split: an entry
+    then holds part of a tensor's elements."""
+    load = [0] * n_ranks
+    placement: list[list[tuple[str, int, int]]] = [[] for _ in range(n_ranks)]
+    for i in sorted(range(len(muon_sizes)), key=lambda j: (-muon_sizes[j], j)):
+        r = min(range(n_ranks), key=lambda k: (load[k], k))
+        placement[r].append(("muon", i, muon_sizes[i]))
+        load[r] += muon_sizes[i]
+    shares = water_fill(load, sum(adam_sizes))
+    cursor = [(i, s) for i, s in enumerate(adam_sizes) if s]
+    ci = 0
+    for r in range(n_ranks):
+        need = shares[r]
+        while need > 0 and ci < len(cursor):
+            i, left = cursor[ci]
+            take = min(need, left)
+            placement[r].append(("adam", i, take))
+            load[r] += take
+            need -= take
+            if take == left:
+                ci += 1
+            else:
+                cursor[ci] = (i, left - take)
+    return placement
+
+
+def water_fill(load: list[int], amount: int) -> list[int]:
+    """Integer amounts to add to each rank so that the lowest loads rise to a common level."""
+    order = sorted(range(len(load)), key=lambda k: (load[k], k))
+    level, left = float(load[order[0]]), float(amount)
+    for j in range(len(order)):
+        width = j + 1
+        nxt = load[order[j + 1]] if j + 1 < len(order) else math.inf
+        if left <= (nxt - level) * width:
+            level += left / width
+            break
+        left -= (nxt - level) * width
+        level = nxt
+    shares = [max(0, int(level - l)) for l in load]
+    for k in order:                            # hand out the rounding remainder, lowest first
+        if sum(shares) >= amount:
+            break
+        shares[k] += 1
+    i = 0
+    while sum(shares) > amount:                # never more than asked
+        k = order[-1 - (i % len(order))]
+        if shares[k]:
+            shares[k] -= 1
+        i += 1
+    return shares
+
+
+def place_zigzag(layer_sizes: list[int], n_ranks: int) -> list[int]:
+    """The layer-wise zigzag baseline Puro replaces: layer i goes to rank i mod 2n folded back
+    (0,1,...,n-1,n-1,...,0,...). Returns per-rank element loads."""
+    load = [0] * n_ranks
+    for i, s in enumerate(layer_sizes):
+        k = i % (2 * n_ranks)
+        load[k if k < n_ranks else 2 * n_ranks - 1 - k] += s
+    return load
+
+
+def placement_loads(placement: list[list[tuple[str, int, int]]]) -> list[int]:
+    return [sum(n for _, _, n in rank) for rank in placement]
