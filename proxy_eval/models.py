@@ -1,0 +1,297 @@
+"""The scoring-model interface every benchmark is written against, and its adapters.
+
+A scoring model answers three questions, all on text:
+- `loglikelihood([(context, continuation)])`: summed log-probability of each continuation given its
+  context (multiple choice, likelihood metrics);
+- `loglikelihood_rolling([text])`: negative log-likelihood of whole texts, however long (bits per
+  byte);
+- `generate([prompt], max_new_tokens, stop)`: greedy continuations cut at the first stop string
+  (exact match, code).
+
+`CausalLMScorer` implements all three for any causal LM given one function from token ids to
+logits, so the trainer's model and a Hugging Face `transformers` model (e.g. the trainer's export,
+`Qwen3ForCausalLM`) share every line of tokenization, batching and scoring: equal logits give equal
+scores. Batches are right-padded and no attention mask is needed: with causal attention the padding
+after a sequence cannot change its logits, so the batch size does not change results (the
+lm-evaluation-harness pain point, anchors.md §3.2). Requests are sorted by length with a
+deterministic tie-break, and results are returned in request order.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+# ---- tokenizers ------------------------------------------------------------------------------
+
+@runtime_checkable
+class TextTokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class HFTokenizer:
+    """Wraps a `tokenizers.Tokenizer` or a `transformers` tokenizer; never adds special tokens."""
+
+    def __init__(self, tok: Any, eos_token: str | None = None, name: str = ""):
+        self._tok = tok
+        self.name = name
+        self._fast = hasattr(tok, "encode_batch") and not hasattr(tok, "convert_tokens_to_ids")
+        eos_id = None
+        if eos_token is not None:
+            eos_id = tok.token_to_id(eos_token) if self._fast else tok.convert_tokens_to_ids(eos_token)
+        elif not self._fast and getattr(tok, "eos_token_id", None) is not None:
+            eos_id = tok.eos_token_id
+        self.eos_token_id: int | None = eos_id
+
+    def encode(self, text: str) -> list[int]:
+        if self._fast:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size() if self._fast else len(self._tok)
+
+
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|im_end|>", "<|end_of_text|>")
+
+
+def load_tokenizer(path: str | os.PathLike, eos_token: str | None = None) -> HFTokenizer:
+    """A `tokenizer.json` file, or a directory holding one (what mixtures' train-tokenizer and the
+    trainer's HF export write). The end-of-text token is `eos_token`, else the one named in a
+    `tokenizer_config.json` beside it, else the first known end-of-text token in the vocabulary."""
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json at {path}")
+    tok = Tokenizer.from_file(str(file))
+    if eos_token is None:
+        cfg = file.parent / "tokenizer_config.json"
+        if cfg.is_file():
+            raw = json.loads(cfg.read_text()).get("eos_token")
+            eos_token = raw.get("content") if isinstance(raw, dict) else raw
+        if eos_token is None or tok.token_to_id(eos_token) is None:
+            eos_token = next((t for t in _EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
+    return HFTokenizer(tok, eos_token=eos_token, name=str(file))
+
+
+# ---- the interface ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ContinuationScore:
+    logprob: float        # natural log, summed over the continuation's tokens
+    n_tokens: int
+    is_greedy: bool       # every continuation token was the argmax
+
+
+@dataclass(frozen=True)
+class TextScore:
+    nll_nats: float       # summed negative log-likelihood of every token of the text
+    n_tokens: int
+
+
+@runtime_checkable
+class ScoringModel(Protocol):
+    name: str
+
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], batch_size: int = 8) -> list[ContinuationScore]: ...
+
+    def loglikelihood_rolling(self, texts: Sequence[str], batch_size: int = 8) -> list[TextScore]: ...
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, stop: Sequence[str] = (),
+                 batch_size: int = 8) -> list[str]: ...
+
+
+def _split_context(context: str, continuation: str) -> tuple[str, str]:
+    """Move trailing whitespace of the context onto the continuation (" Paris", not "Paris" after
+    "is "), as lm-evaluation-harness does, so both tokenize the way running text would."""
+    n = len(context) - len(context.rstrip())
+    if n:
+        return context[:-n], context[-n:] + continuation
+    return context, continuation
+
+
+class CausalLMScorer(abc.ABC):
+    """Tokenization, batching and scoring shared by every causal LM adapter."""
+
+    def __init__(self, tokenizer: TextTokenizer, max_length: int, name: str = "model",
+                 prefix_token_id: int | None = None, device: str | torch.device = "cpu"):
+        self.tokenizer = tokenizer
+        self.max_length = int(max_length)
+        self.name = name
+        pid = prefix_token_id if prefix_token_id is not None else tokenizer.eos_token_id
+        if pid is None:
+            raise ValueError("the scorer needs a token to condition on at the start of a text: give prefix_token_id "
+                             "or a tokenizer with an end-of-text token")
+        self.prefix_token_id = int(pid)
+        self.eos_token_id = tokenizer.eos_token_id
+        self.device = torch.device(device)
+
+    @abc.abstractmethod
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[batch, time] token ids -> [batch, time, vocab] next-token logits (causal)."""
+
+    # -- helpers --
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        context, continuation = _split_context(context, continuation)
+        if not continuation:
+            raise ValueError(f"empty continuation for context {context[-60:]!r}")
+        whole = self.tokenizer.encode(context + continuation)
+        ctx = self.tokenizer.encode(context) if context else []
+        if whole[:len(ctx)] == ctx and len(whole) > len(ctx):
+            cont = whole[len(ctx):]
+        else:
+            cont = self.tokenizer.encode(continuation)
+        return [self.prefix_token_id] + ctx, cont
+
+    def _forward_logprobs(self, rows: list[list[int]]) -> list[torch.Tensor]:
+        """Log-softmax over the vocabulary for each row (right-padded batch), float32, on CPU."""
+        width = max(len(r) for r in rows)
+        pad = self.eos_token_id if self.eos_token_id is not None else 0
+        batch = torch.full((len(rows), width), pad, dtype=torch.long)
+        for i, r in enumerate(rows):
+            batch[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        with torch.inference_mode():
+            out = self.logits(batch.to(self.device)).float()
+            logp = torch.log_softmax(out, dim=-1).cpu()
+        return [logp[i, :len(r)] for i, r in enumerate(rows)]
+
+    @staticmethod
+    def _batched_order(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        bs = max(1, int(batch_size))
+        return [order[i:i + bs] for i in range(0, len(order), bs)]
+
+    # -- the interface --
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], batch_size: int = 8) -> list[ContinuationScore]:
+        rows: list[list[int]] = []
+        conts: list[list[int]] = []
+        for context, continuation in requests:
+            ctx, cont = self._encode_pair(context, continuation)
+            whole = (ctx + cont)[-(self.max_length + 1):]
+            rows.append(whole[:-1])
+            conts.append(cont[-len(whole) + 1:] if len(cont) >= len(whole) else cont)
+        results: list[ContinuationScore | None] = [None] * len(rows)
+        for idx in self._batched_order([len(r) for r in rows], batch_size):
+            logps = self._forward_logprobs([rows[i] for i in idx])
+            for i, lp in zip(idx, logps):
+                cont = conts[i]
+                tail = lp[-len(cont):]
+                target = torch.tensor(cont, dtype=torch.long)
+                tok_lp = tail.gather(1, target[:, None])[:, 0]
+                greedy = bool((tail.argmax(dim=-1) == target).all())
+                results[i] = ContinuationScore(float(tok_lp.double().sum()), len(cont), greedy)
+        return results  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, texts: Sequence[str], batch_size: int = 8) -> list[TextScore]:
+        """Every token of each text is predicted once, from up to `max_length` tokens before it
+        (non-overlapping windows; the first token is conditioned on the prefix token)."""
+        windows: list[tuple[int, list[int], list[int]]] = []   # (text index, inputs, targets)
+        n_tokens = []
+        for t, text in enumerate(texts):
+            toks = self.tokenizer.encode(text)
+            n_tokens.append(len(toks))
+            inputs = [self.prefix_token_id] + toks[:-1]
+            for s in range(0, len(toks), self.max_length):
+                windows.append((t, inputs[s:s + self.max_length], toks[s:s + self.max_length]))
+        nll = [0.0] * len(texts)
+        for idx in self._batched_order([len(w[1]) for w in windows], batch_size):
+            logps = self._forward_logprobs([windows[i][1] for i in idx])
+            for i, lp in zip(idx, logps):
+                t, _, targets = windows[i]
+                tok_lp = lp.gather(1, torch.tensor(targets, dtype=torch.long)[:, None])[:, 0]
+                nll[t] -= float(tok_lp.double().sum())
+        return [TextScore(nll[t], n_tokens[t]) for t in range(len(texts))]
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, stop: Sequence[str] = (),
+                 batch_size: int = 8) -> list[str]:
+        """Greedy decoding, cut at the first stop string or the end-of-text token. Each step runs the
+        whole right-padded batch (no KV cache), so every sequence sees exactly its own tokens."""
+        budget = max(1, self.max_length - max_new_tokens)
+        encoded = [([self.prefix_token_id] + self.tokenizer.encode(p))[-budget:] for p in prompts]
+        outputs: list[str] = [""] * len(prompts)
+        for idx in self._batched_order([len(e) for e in encoded], batch_size):
+            seqs = {i: list(encoded[i]) for i in idx}
+            new: dict[int, list[int]] = {i: [] for i in idx}
+            active = list(idx)
+            for _ in range(max_new_tokens):
+                if not active:
+                    break
+                logps = self._forward_logprobs([seqs[i][-self.max_length:] for i in active])
+                still = []
+                for i, lp in zip(active, logps):
+                    tok = int(lp[-1].argmax())
+                    if self.eos_token_id is not None and tok == self.eos_token_id:
+                        continue
+                    seqs[i].append(tok)
+                    new[i].append(tok)
+                    if stop and any(s in self.tokenizer.decode(new[i]) for s in stop):
+                        continue
+                    still.append(i)
+                active = still
+            for i in idx:
+                outputs[i] = cut_at_stop(self.tokenizer.decode(new[i]), stop)
+        return outputs
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    cut = len(text)
+    for s in stop:
+        j = text.find(s)
+        if j >= 0:
+            cut = min(cut, j)
+    return text[:cut]
+
+
+# ---- adapters --------------------------------------------------------------------------------
+
+class TorchModuleScorer(CausalLMScorer):
+    """Any `torch.nn.Module` whose forward maps token ids to logits (the trainer's model).
+    `forward` adapts other call conventions: `lambda m, ids: m(ids)["logits"]`."""
+
+    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer, max_length: int,
+                 forward: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None, **kw: Any):
+        super().__init__(tokenizer, max_length, **kw)
+        self.module = module.eval().to(self.device)
+        self._forward = forward or (lambda m, ids: m(ids))
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self._forward(self.module, input_ids)
+        return out.logits if hasattr(out, "logits") else out
+
+
+class HFCausalLMScorer(CausalLMScorer):
+    """A Hugging Face `transformers` causal LM (for instance the trainer's `Qwen3ForCausalLM` export)."""
+
+    def __init__(self, model: Any, tokenizer: TextTokenizer, max_length: int | None = None, **kw: Any):
+        limit = max_length or getattr(model.config, "max_position_embeddings", 2048)
+        super().__init__(tokenizer, limit, **kw)
+        self.model = model.eval().to(self.device)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                        max_length: int | None = None, **kw: Any) -> "HFCausalLMScorer":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        kw.setdefault("name", Path(path).name)
+        return cls(model, load_tokenizer(path), max_length=max_length, **kw)
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits

@@ -1,0 +1,433 @@
+"""The benchmark task registry: four formats, documents from local files or `datasets`, prompts.
+
+A task is a typed config (`TaskConfig`): where its documents are, which *preset* maps the raw
+records to the format's canonical fields, the prompt template, few-shot settings and the format's
+knobs. A suite (`SuiteConfig`) lists tasks, maps them to capability groups (General, Math, Code,
+Chinese, ...; Puro §3.6.1) and fixes the batch size and seeds.
+
+Formats and their canonical document fields:
+
+| format            | fields                                   | primary metric                           |
+|-------------------|------------------------------------------|------------------------------------------|
+| `multiple_choice` | query, choices (list), gold (int)        | OLMES best of cloze / lettered forms     |
+| `generate`        | question, answer, solution (few-shot)    | exact match of the extracted answer      |
+| `code`            | prompt, test, entry_point, solution      | pass@1 in `common.sandbox`               |
+| `bits_per_byte`   | text                                     | bits per byte (lower is better)          |
+
+Presets convert well-known layouts (ARC, HellaSwag, PIQA, BoolQ, MMLU, GSM8K, MATH, HumanEval,
+MBPP) and `canonical` takes the fields by name (renamed with `fields`). Loading needs no network:
+jsonl (optionally .gz/.zst), parquet, or a directory written by `datasets.save_to_disk`; a hub name
+works only where the hub is reachable.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+import re
+import string
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from common.errors import ContractError
+from proxy_eval.extract import gsm8k_gold, last_boxed
+
+Format = Literal["multiple_choice", "generate", "code", "bits_per_byte"]
+LETTERS = string.ascii_uppercase
+
+
+class DataSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    kind: Literal["auto", "jsonl", "parquet", "hf_disk", "hf_hub"] = "auto"
+    split: str | None = None          # for a DatasetDict / hub dataset
+    name: str | None = None           # hub config name
+    limit: int | None = None          # first N records (after reading, before few-shot removal)
+
+
+class TaskConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    format: Format
+    group: str = "General"
+    source: DataSource
+    preset: str = "canonical"
+    fields: dict[str, str] = Field(default_factory=dict)   # canonical field -> raw field (canonical preset)
+    template: str | None = None        # prompt; `{query}` / `{question}` / `{prompt}`; preset default if None
+    letters_template: str | None = None
+    num_fewshot: int = 0
+    fewshot_source: DataSource | None = None   # default: drawn from the task's own documents (then excluded)
+    fewshot_seed: int = 1234
+    limit: int | None = None           # evaluate the first N documents (after few-shot removal)
+    # multiple choice
+    forms: list[Literal["cloze", "letters"]] = Field(default_factory=lambda: ["cloze", "letters"])
+    cloze_metric: Literal["acc", "acc_norm", "prob_correct"] = "acc_norm"
+    letters_metric: Literal["acc", "prob_correct"] = "acc"
+    # `olmes`: the better of the forms per model; `prob_correct`: the cloze form's gold probability,
+    # a likelihood metric for tiny proxies whose accuracies sit at chance
+    primary: Literal["olmes", "cloze", "letters", "prob_correct"] = "olmes"
+    # generate / code
+    max_new_tokens: int = 256
+    stop: list[str] | None = None
+    # code
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    code_workers: int = 2
+
+    @model_validator(mode="after")
+    def _check(self) -> "TaskConfig":
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; known: {', '.join(sorted(PRESETS))}")
+        want = PRESETS[self.preset].format
+        if want is not None and want != self.format:
+            raise ValueError(f"preset {self.preset!r} is for format {want!r}, the task says {self.format!r}")
+        if self.format == "multiple_choice" and not self.forms:
+            raise ValueError("a multiple_choice task needs at least one form")
+        return self
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.format != "bits_per_byte"
+
+    @property
+    def primary_metric(self) -> str:
+        return {"multiple_choice": "score", "generate": "exact_match", "code": "pass@1",
+                "bits_per_byte": "bits_per_byte"}[self.format]
+
+
+class SuiteConfig(BaseModel):
+    """A benchmark suite. `groups` (task -> group) overrides each task's `group`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "suite"
+    tasks: list[TaskConfig]
+    groups: dict[str, str] = Field(default_factory=dict)
+    batch_size: int = Field(8, ge=1)
+    seed: int = 1234
+    max_length: int | None = None       # cap on the model's context; default: the model's own
+
+    @model_validator(mode="after")
+    def _check(self) -> "SuiteConfig":
+        names = [t.name for t in self.tasks]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate task names: {dup}")
+        unknown = sorted(set(self.groups) - set(names))
+        if unknown:
+            raise ValueError(f"groups names tasks that are not in the suite: {unknown}")
+        return self
+
+    def group_of(self, task: str) -> str:
+        if task in self.groups:
+            return self.groups[task]
+        return next(t.group for t in self.tasks if t.name == task)
+
+
+# ---- reading records -------------------------------------------------------------------------
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    if path.suffix == ".zst":
+        import zstandard
+
+        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_records(source: DataSource) -> list[dict[str, Any]]:
+    """Raw records in file order. Malformed jsonl lines fail loudly with file and line."""
+    path = Path(source.path)
+    kind = source.kind
+    if kind == "auto":
+        name = path.name.lower()
+        if path.is_dir():
+            kind = "hf_disk"
+        elif re.search(r"\.jsonl?(\.gz|\.zst)?$", name):
+            kind = "jsonl"
+        elif name.endswith(".parquet"):
+            kind = "parquet"
+        elif not path.exists():
+            kind = "hf_hub"
+        else:
+            raise ContractError(path, "cannot tell the format (expected .jsonl[.gz|.zst], .parquet, or a "
+                                "datasets directory); set source.kind")
+    records: list[dict[str, Any]]
+    if kind == "jsonl":
+        records = []
+        with _open_text(path) as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ContractError(f"{path}:{i}", f"not valid JSON ({e})") from None
+                if not isinstance(rec, dict):
+                    raise ContractError(f"{path}:{i}", "expected a JSON object per line")
+                records.append(rec)
+    elif kind == "parquet":
+        import pyarrow.parquet as pq
+
+        records = pq.read_table(path).to_pylist()
+    else:
+        import datasets
+
+        if kind == "hf_disk":
+            ds = datasets.load_from_disk(str(path))
+        else:
+            ds = datasets.load_dataset(source.path, source.name, split=source.split)
+        if isinstance(ds, datasets.DatasetDict):
+            if source.split is None:
+                raise ContractError(path, f"is a DatasetDict with splits {list(ds)}; set source.split")
+            ds = ds[source.split]
+        records = [dict(r) for r in ds]
+    if source.limit is not None:
+        records = records[:source.limit]
+    return records
+
+
+# ---- presets: raw record -> canonical document --------------------------------------------------
+
+class Preset(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    format: Format | None
+    convert: Callable[[dict[str, Any], dict[str, str]], dict[str, Any]]
+    template: str = ""
+    letters_template: str = "Question: {query}\n{options}Answer:"
+    stop: list[str] = Field(default_factory=list)
+    program: Literal["prompt+completion", "completion"] = "prompt+completion"
+
+
+def _get(rec: dict[str, Any], fields: dict[str, str], key: str, default: Any = ...) -> Any:
+    raw = fields.get(key, key)
+    node: Any = rec
+    for part in raw.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            if default is not ...:
+                return default
+            raise KeyError(f"record has no field {raw!r} (for {key!r}); fields: {sorted(rec)}")
+    return node
+
+
+def _gold_index(gold: Any, choices: list[str], labels: list[str] | None = None) -> int:
+    if isinstance(gold, bool):
+        return int(gold)
+    if isinstance(gold, int):
+        return gold
+    g = str(gold).strip()
+    if labels and g in labels:
+        return labels.index(g)
+    if g.isdigit():
+        return int(g)
+    if len(g) == 1 and g.upper() in LETTERS[:len(choices)]:
+        return LETTERS.index(g.upper())
+    if g in choices:
+        return choices.index(g)
+    raise ValueError(f"cannot map gold answer {gold!r} onto {len(choices)} choices")
+
+
+def _canonical(rec: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("query", "choices", "gold", "question", "answer", "solution", "prompt", "test", "entry_point", "text"):
+        val = _get(rec, fields, key, None)
+        if val is not None:
+            out[key] = val
+    if "choices" in out:
+        out["choices"] = [str(c) for c in out["choices"]]
+        out["gold"] = _gold_index(out.get("gold"), out["choices"])
+    if "answer" in out:
+        out["answer"] = str(out["answer"])
+        out.setdefault("solution", out["answer"])
+    return out
+
+
+def _arc(rec, fields):
+    choices = [str(c) for c in rec["choices"]["text"]]
+    return {"query": rec["question"], "choices": choices,
+            "gold": _gold_index(rec["answerKey"], choices, [str(x) for x in rec["choices"]["label"]])}
+
+
+def _hellaswag(rec, fields):
+    ctx = rec["ctx_a"] + " " + rec["ctx_b"].capitalize() if "ctx_a" in rec else rec["ctx"]
+    ctx = re.sub(r"\[.*?\]", "", ctx.replace(" [title]", ". ")).replace("  ", " ").strip()
+    return {"query": ctx, "choices": [str(e) for e in rec["endings"]], "gold": int(rec["label"])}
+
+
+def _piqa(rec, fields):
+    return {"query": rec["goal"], "choices": [rec["sol1"], rec["sol2"]], "gold": int(rec["label"])}
+
+
+def _boolq(rec, fields):
+    return {"query": f"{rec['passage']}\nQuestion: {rec['question']}?", "choices": ["no", "yes"],
+            "gold": int(bool(rec["answer"]))}
+
+
+def _mmlu(rec, fields):
+    choices = [str(c) for c in rec["choices"]]
+    return {"query": rec["question"].strip(), "choices": choices, "gold": _gold_index(rec["answer"], choices)}
+
+
+def _gsm8k(rec, fields):
+    solution = re.sub(r"<<.*?>>", "", rec["answer"])
+    return {"question": rec["question"], "answer": gsm8k_gold(rec["answer"]), "solution": solution}
+
+
+def _math(rec, fields):
+    answer = last_boxed(rec["solution"]) or rec.get("answer", "")
+    return {"question": rec["problem"], "answer": str(answer), "solution": rec["solution"]}
+
+
+def _humaneval(rec, fields):
+    return {"prompt": rec["prompt"], "test": rec["test"] + f"\n\ncheck({rec['entry_point']})\n",
+            "entry_point": rec["entry_point"], "solution": rec.get("canonical_solution", "")}
+
+
+def _mbpp(rec, fields):
+    text = rec.get("prompt") or rec["text"]
+    tests = list(rec["test_list"])
+    imports = list(rec.get("test_imports") or [])
+    prompt = (f"You are an expert Python programmer, and here is your task: {text} "
+              f"Your code should pass these tests:\n\n" + "\n".join(tests) + "\n[BEGIN]\n")
+    return {"prompt": prompt, "test": "\n".join(imports + tests) + "\n", "entry_point": None,
+            "solution": rec.get("code", "")}
+
+
+def _text(rec, fields):
+    return {"text": str(_get(rec, fields, "text"))}
+
+
+PRESETS: dict[str, Preset] = {
+    "canonical": Preset(format=None, convert=_canonical, template=""),
+    "arc": Preset(format="multiple_choice", convert=_arc, template="Question: {query}\nAnswer:"),
+    "hellaswag": Preset(format="multiple_choice", convert=_hellaswag, template="{query}",
+                        letters_template="{query}\n{options}Answer:"),
+    "piqa": Preset(format="multiple_choice", convert=_piqa, template="Question: {query}\nAnswer:"),
+    "boolq": Preset(format="multiple_choice", convert=_boolq, template="{query}\nAnswer:",
+                    letters_template="{query}\n{options}Answer:"),
+    "mmlu": Preset(format="multiple_choice", convert=_mmlu, template="Question: {query}\nAnswer:"),
+    "gsm8k": Preset(format="generate", convert=_gsm8k, template="Question: {question}\nAnswer:",
+                    stop=["\n\nQuestion:", "Question:", "\n\n\n"]),
+    "math": Preset(format="generate", convert=_math, template="Problem: {question}\nSolution:",
+                   stop=["\n\nProblem:", "Problem:"]),
+    "humaneval": Preset(format="code", convert=_humaneval, template="{prompt}",
+                        stop=["\nclass ", "\ndef ", "\n#", "\nif __name__", "\nprint("]),
+    "mbpp": Preset(format="code", convert=_mbpp, template="{prompt}", stop=["[DONE]", "\n[BEGIN]", "\n\n\n"],
+                   program="completion"),
+    "text": Preset(format="bits_per_byte", convert=_text),
+}
+_DEFAULT_TEMPLATES = {"multiple_choice": "Question: {query}\nAnswer:", "generate": "Question: {question}\nAnswer:",
+                      "code": "{prompt}", "bits_per_byte": ""}
+_DEFAULT_STOPS = {"generate": ["\n\nQuestion:", "Question:", "\n\n\n"], "code": ["\nclass ", "\ndef ", "\nif __name__", "\nprint("]}
+_REQUIRED = {"multiple_choice": ("query", "choices", "gold"), "generate": ("question", "answer"),
+             "code": ("prompt", "test"), "bits_per_byte": ("text",)}
+
+
+def to_documents(task: TaskConfig, records: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    preset = PRESETS[task.preset]
+    docs = []
+    for i, rec in enumerate(records):
+        try:
+            doc = preset.convert(rec, task.fields)
+        except (KeyError, ValueError, TypeError) as e:
+            raise ContractError(f"{where} record {i}", f"task {task.name!r} (preset {task.preset}): {e}") from None
+        missing = [k for k in _REQUIRED[task.format] if k not in doc]
+        if missing:
+            raise ContractError(f"{where} record {i}", f"task {task.name!r} needs fields {missing} "
+                                f"(map them with `fields`); record has {sorted(rec)}")
+        if task.format == "multiple_choice" and not (0 <= doc["gold"] < len(doc["choices"])):
+            raise ContractError(f"{where} record {i}", f"gold index {doc['gold']} outside {len(doc['choices'])} choices")
+        doc["doc_id"] = i
+        docs.append(doc)
+    return docs
+
+
+class LoadedTask(BaseModel):
+    """A task ready to run: evaluation documents and the fixed few-shot examples."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    config: TaskConfig
+    docs: list[dict[str, Any]]
+    fewshot: list[dict[str, Any]]
+
+    @property
+    def preset(self) -> Preset:
+        return PRESETS[self.config.preset]
+
+    @property
+    def template(self) -> str:
+        return self.config.template or self.preset.template or _DEFAULT_TEMPLATES[self.config.format]
+
+    @property
+    def stop(self) -> list[str]:
+        if self.config.stop is not None:
+            return self.config.stop
+        return self.preset.stop or _DEFAULT_STOPS.get(self.config.format, [])
+
+
+def load_task(task: TaskConfig) -> LoadedTask:
+    """Documents plus a fixed, seeded set of few-shot examples. When the examples come from the
+    task's own documents they are removed from the evaluation set."""
+    docs = to_documents(task, read_records(task.source), task.source.path)
+    fewshot: list[dict[str, Any]] = []
+    if task.num_fewshot > 0:
+        rng = random.Random(task.fewshot_seed)
+        if task.fewshot_source is not None:
+            pool = to_documents(task, read_records(task.fewshot_source), task.fewshot_source.path)
+            fewshot = rng.sample(pool, min(task.num_fewshot, len(pool)))
+        else:
+            picked = sorted(rng.sample(range(len(docs)), min(task.num_fewshot, max(0, len(docs) - 1))))
+            fewshot = [docs[i] for i in picked]
+            chosen = set(picked)
+            docs = [d for i, d in enumerate(docs) if i not in chosen]
+    if task.limit is not None:
+        docs = docs[:task.limit]
+    if not docs:
+        raise ContractError(task.source.path, f"task {task.name!r} has no documents to evaluate")
+    return LoadedTask(config=task, docs=docs, fewshot=fewshot)
+
+
+# ---- prompts ---------------------------------------------------------------------------------
+
+def letter_options(choices: list[str]) -> str:
+    return "".join(f" {LETTERS[i]}. {c}\n" for i, c in enumerate(choices))
+
+
+def mc_requests(task: LoadedTask, doc: dict[str, Any], form: str) -> list[tuple[str, str]]:
+    """(context, continuation) per choice. Cloze: the choice text after the prompt; letters: the
+    options listed in the prompt and the letter as the continuation."""
+    def render(d: dict[str, Any]) -> str:
+        if form == "cloze":
+            return task.template.format(query=d["query"])
+        lt = task.config.letters_template or task.preset.letters_template
+        return lt.format(query=d["query"], options=letter_options(d["choices"]))
+
+    def answer(d: dict[str, Any], i: int) -> str:
+        return f" {d['choices'][i]}" if form == "cloze" else f" {LETTERS[i]}"
+
+    shots = "".join(render(s) + answer(s, s["gold"]) + "\n\n" for s in task.fewshot)
+    context = shots + render(doc)
+    return [(context, answer(doc, i)) for i in range(len(doc["choices"]))]
+
+
+def generate_prompt(task: LoadedTask, doc: dict[str, Any]) -> str:
+    shots = "".join(task.template.format(question=s["question"]) + " " + s.get("solution", s["answer"]).strip()
+                    + "\n\n" for s in task.fewshot)
+    return shots + task.template.format(question=doc["question"])
+
+
+def code_prompt(task: LoadedTask, doc: dict[str, Any]) -> str:
+    shots = "".join(task.template.format(prompt=s["prompt"]) + s.get("solution", "") + "\n\n" for s in task.fewshot)
+    return shots + task.template.format(prompt=doc["prompt"])
+
+
+def code_program(task: LoadedTask, doc: dict[str, Any], completion: str) -> str:
+    if task.preset.program == "completion":
+        return completion
+    return doc["prompt"] + completion

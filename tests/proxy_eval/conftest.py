@@ -1,0 +1,49 @@
+"""Fixtures: a real byte-level BPE tokenizer trained here, and a tiny random Qwen3 model."""
+
+from __future__ import annotations
+
+import pytest
+
+CORPUS = [
+    "The cat sat on the mat. The dog sat on the log.",
+    "Question: What is 2 + 3?\nAnswer: 2 + 3 = 5. The answer is 5.",
+    "def add(a, b):\n    return a + b\n",
+    "Paris is the capital of France. Berlin is the capital of Germany.",
+    "import math\nprint(math.sqrt(16))\n",
+    "Water boils at 100 degrees. Ice melts at 0 degrees.",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    d = tmp_path_factory.mktemp("tok")
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from proxy_eval.models import load_tokenizer
+
+    return load_tokenizer(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tokenizer):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                      tie_word_embeddings=False, rope_theta=10000.0)
+    model = Qwen3ForCausalLM(cfg).eval()
+    return model
