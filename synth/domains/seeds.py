@@ -159,3 +159,55 @@ class DomainFile(_Strict):
 
 def load_domains(path: str | os.PathLike = "service_domains.yaml") -> list[Domain]:
     return _validate(DomainFile, _read(path), path, "service_domains/1").domains
+
+
+# ---- finance ------------------------------------------------------------------------------
+
+class CompanyRow(_Strict):
+    ticker: str = Field(pattern=r"^[A-Z][A-Z.\-]{0,9}$")
+    name: str
+    gics_sub_industry: str
+    sector: str = ""
+
+
+class CompanyFile(_Strict):
+    schema_: str = Field(alias="schema")
+    companies: list[CompanyRow]
+
+
+def load_companies(path: str | os.PathLike = "companies.yaml") -> list["Company"]:
+    from synth.domains.finance_validate import Company
+
+    rows = _validate(CompanyFile, _read(path), path, "companies/1").companies
+    tickers = [r.ticker for r in rows]
+    dup = sorted({t for t in tickers if tickers.count(t) > 1})
+    if dup:
+        raise ContractError(path, f"duplicate tickers {dup}", field="companies")
+    return [Company(r.ticker, r.name, r.gics_sub_industry, r.sector) for r in rows]
+
+
+class TemplateRow(_Strict):
+    id: str
+    text: str
+    kind: Literal["single", "comparison"] = "single"
+    numeric: bool = True
+    sections: list[str] = []
+
+
+class TemplateFile(_Strict):
+    schema_: str = Field(alias="schema")
+    templates: list[TemplateRow]
+
+
+def load_finance_templates(path: str | os.PathLike = "finance_templates.yaml") -> list["Template"]:
+    from synth.domains.finance_validate import Template, template_problems
+
+    rows = _validate(TemplateFile, _read(path), path, "finance_templates/1").templates
+    out = [Template(r.id, r.text, r.kind, r.numeric, tuple(r.sections)) for r in rows]
+    for i, t in enumerate(out):
+        problems = template_problems(t)
+        if problems:
+            raise ContractError(path, "; ".join(problems), field=f"templates.{i}")
+    if len({t.id for t in out}) != len(out):
+        raise ContractError(path, "template ids must be unique", field="templates")
+    return out
