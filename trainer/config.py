@@ -63,6 +63,10 @@ class DataSection(_Strict):
     eval: str | None = None                   # held-out shard-set directory
     synthetic: SyntheticData | None = None
     eval_synthetic_seed: int = 1_000_003      # held-out synthetic stream (when eval is None and synthetic)
+    tokenizer: str | None = None              # tokenizer.json (or dir): the reader refuses shards made
+                                              # with another one; export copies it
+    seq_len: int | None = None                # window length (default: the shard set's)
+    loop: bool = False                        # repeat the shard set when it runs out (epochs)
     document_mask: bool = False               # attention stays inside each packed document
     document_positions: bool = False          # rotary positions restart at each document
     verify_hashes: bool = False               # sha256 every shard on open

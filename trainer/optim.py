@@ -219,7 +219,8 @@ class MatrixOptimizer(torch.optim.Optimizer):
         padded[:k] = stack
         mine = newton_schulz(padded[rank * per_rank:(rank + 1) * per_rank], self.ns_steps, self.ns_coeffs, dtype)
         gathered = torch.empty_like(padded)
-        dist.all_gather_into_tensor(gathered, mine.contiguous())
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(gathered, mine.contiguous())
         return gathered[:k]
 
     @torch.no_grad()

@@ -109,24 +109,39 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 # Data
 # --------------------------------------------------------------------------------------------
 
-def open_stream(cfg: RunConfig, split: str, rank: int, world: int, cursor: dict | None,
-                global_batch: int, micro_batch: int):
-    """The train or held-out stream for this rank. Shard sets go through the mixtures reader."""
+def open_stream(cfg: RunConfig, rank: int, world: int, cursor: dict | None, global_batch: int, micro_batch: int):
+    """The training stream for this rank. Shard sets go through the mixtures reader."""
     d = cfg.data
-    path = d.train if split == "train" else d.eval
-    if path is None:
-        if d.synthetic is None:
-            return None
+    if d.train is None:
         s = d.synthetic
-        sample_seed = s.seed if split == "train" else d.eval_synthetic_seed
         nxt = int(cursor["next_sequence"]) if cursor else 0
         return SyntheticStream(s.vocab_size, s.seq_len, s.seed, global_batch, micro_batch, rank, world,
                                s.branching, s.mean_doc_tokens, nxt, with_documents=d.document_mask or d.document_positions,
-                               with_positions=d.document_positions, sample_seed=sample_seed)
+                               with_positions=d.document_positions)
     from trainer.shards import ShardStream   # the adapter over mixtures.reader
-    return ShardStream(path, global_batch=global_batch, micro_batch=micro_batch, rank=rank, world=world,
+    return ShardStream(d.train, global_batch=global_batch, micro_batch=micro_batch, rank=rank, world=world,
                        cursor=cursor, sft=cfg.objective == "sft", with_documents=d.document_mask or d.document_positions,
-                       with_positions=d.document_positions, verify_hashes=d.verify_hashes)
+                       with_positions=d.document_positions, verify_hashes=d.verify_hashes, tokenizer=d.tokenizer,
+                       seq_len=d.seq_len, loop=d.loop)
+
+
+def eval_batches(cfg: RunConfig, rank: int, world: int, micro_batch: int):
+    """This rank's micro-batches of the held-out set (the same every time), or None without one."""
+    d = cfg.data
+    docs = d.document_mask or d.document_positions
+    if d.eval is not None:
+        from trainer.shards import eval_micro_batches
+        return eval_micro_batches(d.eval, micro_batch=micro_batch, rank=rank, world=world,
+                                  max_windows=cfg.eval.sequences, with_documents=docs,
+                                  with_positions=d.document_positions, tokenizer=d.tokenizer, seq_len=d.seq_len)
+    if d.synthetic is not None and d.train is None:
+        s = d.synthetic
+        stream = SyntheticStream(s.vocab_size, s.seq_len, s.seed, micro_batch * world, micro_batch, rank, world,
+                                 s.branching, s.mean_doc_tokens, 0, with_documents=docs,
+                                 with_positions=d.document_positions, sample_seed=d.eval_synthetic_seed)
+        n_rounds = -(-cfg.eval.sequences // (micro_batch * world))
+        return (mb for _ in range(n_rounds) for mb in stream.next_global_batch())
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,21 +177,17 @@ def zero_grad_fractions(model: torch.nn.Module) -> dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate(model, stream_factory, n_sequences: int, micro_batch: int, dist_: Dist, precision: str,
-             use_doc_mask: bool) -> dict[str, float]:
-    """Mean held-out loss over the first `n_sequences` of the eval stream (the same every time)."""
+def evaluate(model, batches, dist_: Dist, precision: str, use_doc_mask: bool) -> dict[str, float]:
+    """Mean held-out loss over every counted target of `batches` (this rank's share), all ranks."""
     was_training = model.training
     model.eval()
-    stream = stream_factory()
-    loss_sum, count, seen = 0.0, 0, 0
-    while seen < n_sequences:
-        for mb in stream.next_global_batch():
-            mb = mb.to(dist_.device)
-            with autocast_context(precision, dist_.device):
-                s, n = micro_loss_sum(model, mb, use_doc_mask)
-            loss_sum += float(s)
-            count += n
-        seen += stream.global_batch
+    loss_sum, count = 0.0, 0
+    for mb in batches:
+        mb = mb.to(dist_.device)
+        with autocast_context(precision, dist_.device):
+            s, n = micro_loss_sum(model, mb, use_doc_mask)
+        loss_sum += float(s)
+        count += n
     loss_sum, count = dist_.all_reduce_sum([loss_sum, float(count)])
     model.train(was_training)
     return {"eval_loss": loss_sum / max(count, 1.0), "eval_tokens": int(count)}
@@ -357,13 +368,15 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
 
     # ---- data -----------------------------------------------------------------------------
     g, mbs = cfg.train.global_batch, cfg.train.micro_batch
-    train_stream = open_stream(cfg, "train", dist_.rank, dist_.world, cursor, g, mbs)
+    train_stream = open_stream(cfg, dist_.rank, dist_.world, cursor, g, mbs)
     seq_len, vocab = train_stream.seq_len, train_stream.vocab_size
     tokens_per_step = g * seq_len
-    eval_factory = None
-    if cfg.data.eval is not None or cfg.data.synthetic is not None:
-        eval_g = mbs * dist_.world        # one micro-batch per rank per eval batch
-        eval_factory = lambda: open_stream(cfg, "eval", dist_.rank, dist_.world, None, eval_g, mbs)  # noqa: E731
+    has_eval = eval_batches(cfg, dist_.rank, dist_.world, mbs) is not None
+    eval_factory = (lambda: eval_batches(cfg, dist_.rank, dist_.world, mbs)) if has_eval else None  # noqa: E731
+    steps_left = getattr(train_stream, "steps_left", lambda: None)()
+    if steps_left is not None and steps_left < total_steps - step:
+        raise ValueError(f"{cfg.data.train}: {steps_left} global batches of {tokens_per_step:,} tokens left, "
+                         f"the run needs {total_steps - step} (lower train.steps or set data.loop: true)")
 
     # ---- model ----------------------------------------------------------------------------
     ref_state = resume_state or init_state
@@ -435,7 +448,7 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
         if eval_factory is None:
             return
         last_eval_step = at_step
-        last_eval = evaluate(train_model, eval_factory, cfg.eval.sequences, mbs, dist_, precision, use_doc_mask)
+        last_eval = evaluate(train_model, eval_factory(), dist_, precision, use_doc_mask)
         rec = {"kind": "eval", "step": at_step, "tokens_seen": tokens_seen, **last_eval}
         metrics.write(rec)
         progress.note(f"[eval] step {at_step}: held-out loss {last_eval['eval_loss']:.4f}")
