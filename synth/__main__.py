@@ -1,0 +1,134 @@
+"""`python -m synth <generator> --out DIR [--endpoint URL]... [--model NAME] [--backend openai|vllm] [key=value ...]`
+
+Runs a generator (a built-in name such as `reasoning_pairs`, or a YAML path); `key.sub=value`
+overrides any config field (`source.n=20`, `steps.0.n=8`). Other commands:
+
+    python -m synth list                                  generators, steps, sources, verifiers
+    python -m synth export RUN_DIR [--formats jsonl,parquet,datasets] [--out DIR]
+    python -m synth clean RECORDS.jsonl --out DIR [--eval PATH:FIELD]... [--n 13]
+    python -m synth serve vllm|llamacpp [--model PATH] [--port 8000]   (foreground; Ctrl-C stops)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+COMMANDS = ("list", "export", "clean", "serve")
+
+
+def _run_generator(argv: list[str]) -> int:
+    from synth.engine import apply_teacher_overrides, load_generator, run
+
+    ap = argparse.ArgumentParser(prog="python -m synth <generator>", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("generator", help="built-in name or path to a generator YAML")
+    ap.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+    ap.add_argument("--out", required=True, type=Path, help="output directory (resumes a run found there)")
+    ap.add_argument("--endpoint", action="append", default=[], help="teacher base URL (repeat for several)")
+    ap.add_argument("--model", help="served model name for every teacher")
+    ap.add_argument("--backend", choices=["openai", "vllm"], help="openai: HTTP endpoints; vllm: in-process")
+    ap.add_argument("--teacher-role", action="append", default=[],
+                    help="apply --endpoint/--model/--backend only to these teacher roles")
+    ap.add_argument("--fresh", action="store_true", help="restart: forget finished prompts (the cache is kept)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    cfg = load_generator(args.generator, args.overrides)
+    cfg = apply_teacher_overrides(cfg, args.endpoint, args.model, args.backend, args.teacher_role)
+    res = run(cfg, args.out, fresh=args.fresh, progress=not args.no_progress)
+    m = res.manifest
+    print(f"{m.generator}: {m.counts['records']} records from {m.counts['prompts']} prompts -> {res.records_path}")
+    for name, sc in m.steps.items():
+        acc = "-" if sc["acceptance"] is None else f"{sc['acceptance']:.1%}"
+        print(f"  {name:<28} in {sc['in']:>6}  out {sc['out']:>6}  acceptance {acc}")
+    print(f"  tokens: {m.usage['prompt_tokens']} prompt, {m.usage['completion_tokens']} completion; "
+          f"{m.usage['cached']}/{m.usage['requests']} requests from cache")
+    return 0
+
+
+def _list(argv: list[str]) -> int:
+    import synth.sources  # noqa: F401
+    import synth.steps  # noqa: F401
+    from synth.pipeline import POST_STEPS, SOURCES, STEPS
+    from synth.verify import VERIFIERS
+    here = Path(__file__).resolve().parent
+    gens = sorted(str(p.relative_to(here)) for d in ("generators", "domains") for p in (here / d).glob("*.yaml"))
+    print("generators:", ", ".join(gens))
+    print("steps:     ", ", ".join(sorted(STEPS)))
+    print("post steps:", ", ".join(sorted(POST_STEPS)))
+    print("sources:   ", ", ".join(sorted(SOURCES)))
+    print("verifiers: ", ", ".join(sorted(VERIFIERS)))
+    return 0
+
+
+def _export(argv: list[str]) -> int:
+    from synth.export import export_run
+    ap = argparse.ArgumentParser(prog="python -m synth export")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--formats", default="jsonl,parquet,datasets")
+    a = ap.parse_args(argv)
+    m = export_run(a.run_dir, a.out, [f for f in a.formats.split(",") if f])
+    print(json.dumps(m["splits"]), "->", a.out or a.run_dir / "export")
+    return 0
+
+
+def _clean(argv: list[str]) -> int:
+    from common import atomic
+    from synth.decontam import build_eval_index, clean_records, removal_summary
+    from synth.records import read_records, write_records
+    ap = argparse.ArgumentParser(prog="python -m synth clean")
+    ap.add_argument("records", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--eval", action="append", default=[], help="PATH:FIELD[,FIELD] (jsonl/parquet/datasets dir)")
+    ap.add_argument("--n", type=int, default=13)
+    a = ap.parse_args(argv)
+    specs = []
+    for e in a.eval:
+        path, _, fields = e.rpartition(":") if ":" in e else (e, "", "question")
+        specs.append({"path": path, "fields": fields.split(",")})
+    idx = build_eval_index(specs, a.n) if specs else None
+    kept, removals = clean_records(list(read_records(a.records)), idx)
+    a.out.mkdir(parents=True, exist_ok=True)
+    write_records(a.out / "records.jsonl", kept)
+    atomic.write_text(a.out / "removals.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in removals))
+    print(f"kept {len(kept)}, removed {len(removals)}: {json.dumps(removal_summary(removals))}")
+    return 0
+
+
+def _serve(argv: list[str]) -> int:
+    from synth import servers
+    ap = argparse.ArgumentParser(prog="python -m synth serve")
+    ap.add_argument("kind", choices=["vllm", "llamacpp"])
+    ap.add_argument("--model", help="HF directory (vllm) or GGUF file (llamacpp); default: the SmolLM2 teacher")
+    ap.add_argument("--served-name", default="teacher")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--python", help="interpreter of the server's venv (default .venv-vllm / .venv-llamacpp)")
+    a = ap.parse_args(argv)
+    spec = servers.default_spec(a.kind, model=a.model, served_name=a.served_name, port=a.port, python=a.python)
+    srv = servers.start_server(spec)
+    print(f"serving {spec.served_name} at {srv.base_url} (pid {srv.pid}, log {srv.log_path}); Ctrl-C stops", flush=True)
+    try:
+        srv.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd = argv[0]
+    if cmd in COMMANDS:
+        return {"list": _list, "export": _export, "clean": _clean, "serve": _serve}[cmd](argv[1:])
+    return _run_generator(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Backends: one interface (`Backend.complete(ChatRequest) -> ChatResult`) over
+- `HttpBackend`: OpenAI-compatible endpoints through `synth.client.ChatClient`;
+- `VllmBackend`: vLLM in-process (`--backend vllm`, the optional `vllm` extra on GPU hosts);
+and `CachedBackend`, which puts the SQLite response cache in front of either.
+
+So one generator config runs offline on a GPU host or against servers: only `teachers.<name>.backend`
+changes. vLLM is imported lazily, only when a `vllm` backend starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+from typing import Any, Callable, Protocol
+
+from synth.cache import ResponseCache, cache_key
+from synth.client import ChatClient, ChatRequest, ChatResult, TeacherConfig
+
+
+class Backend(Protocol):
+    cfg: TeacherConfig
+
+    async def start(self) -> None: ...
+    async def complete(self, req: ChatRequest) -> ChatResult: ...
+    async def close(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+class HttpBackend:
+    def __init__(self, cfg: TeacherConfig, seed: int = 0):
+        self.cfg = cfg
+        self.client = ChatClient(cfg, seed=seed)
+
+    async def start(self) -> None:
+        await self.client.wait_ready()
+
+    async def complete(self, req: ChatRequest) -> ChatResult:
+        return await self.client.complete(req)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def stats(self) -> dict[str, Any]:
+        return self.client.stats()
+
+
+# ---- in-process vLLM --------------------------------------------------------------------------
+
+VLLM_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "presence_penalty",
+                      "frequency_penalty", "repetition_penalty", "min_p")
+
+
+def vllm_sampling_kwargs(req: ChatRequest) -> dict[str, Any]:
+    """`vllm.SamplingParams(**kwargs)` for a request: the same knobs the HTTP body carries.
+    `logprobs=k` in vLLM returns the sampled token's logprob plus the top k (k=0: sampled only)."""
+    kw = {k: req.params[k] for k in VLLM_SAMPLING_KEYS if req.params.get(k) is not None}
+    if req.seed is not None:
+        kw["seed"] = req.seed
+    if req.logprobs:
+        kw["logprobs"] = int(req.top_logprobs or 0)
+    return kw
+
+
+def result_from_vllm_output(output: Any, model: str, top_logprobs: bool) -> ChatResult:
+    """A `vllm.RequestOutput` (duck-typed) as a ChatResult: the engine's own token ids, and for
+    each sampled token the logprob vLLM reports for that id."""
+    comp = output.outputs[0]
+    ids = [int(t) for t in (comp.token_ids or [])]
+    tokens = lps = None
+    if comp.logprobs is not None:
+        tokens, lps = [], []
+        for tid, entry in zip(ids, comp.logprobs):
+            lp = entry.get(tid) if isinstance(entry, dict) else None
+            tokens.append(getattr(lp, "decoded_token", None) or "")
+            lps.append(float(lp.logprob) if lp is not None else math.nan)
+    prompt_ids = list(getattr(output, "prompt_token_ids", None) or [])
+    return ChatResult(content=comp.text, finish_reason=comp.finish_reason, prompt_tokens=len(prompt_ids),
+                      completion_tokens=len(ids), tokens=tokens, logprobs=lps, token_ids=ids,
+                      prompt_token_ids=prompt_ids or None, model=model, endpoint="vllm-inprocess")
+
+
+class VllmBackend:
+    """vLLM in-process. Requests are gathered for `batch_window_s` (or until `max_batch`) and run
+    as one `LLM.chat` call in a worker thread, so the engine sees the concurrency it batches on.
+
+    `llm_factory` builds the engine (default: `vllm.LLM(model=cfg.model, **cfg.vllm_engine_args)`);
+    tests inject a stand-in, since vLLM's GPU build cannot run on a CPU-only machine.
+    """
+
+    def __init__(self, cfg: TeacherConfig, llm_factory: Callable[[], Any] | None = None,
+                 max_batch: int = 256, batch_window_s: float = 0.02):
+        self.cfg = cfg
+        self._factory = llm_factory
+        self._llm: Any = None
+        self._sp_cls: Any = None
+        self._structured_cls: Any = None
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self._queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResult]]] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.n_requests = 0
+        self.n_batches = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    async def start(self) -> None:
+        if self._factory is None:
+            try:
+                vllm = importlib.import_module("vllm")
+            except ImportError as e:
+                raise RuntimeError("backend 'vllm' needs vLLM in this environment: pip install 'purokit[vllm]' "
+                                   f"on a GPU host, or use backend 'openai' against a vLLM server ({e})") from None
+            self._sp_cls = vllm.SamplingParams
+            try:
+                self._structured_cls = importlib.import_module("vllm.sampling_params").StructuredOutputsParams
+            except (ImportError, AttributeError):
+                self._structured_cls = None
+            self._llm = await asyncio.to_thread(lambda: vllm.LLM(model=self.cfg.model, **self.cfg.vllm_engine_args))
+        else:
+            made = self._factory()
+            self._llm, self._sp_cls = made if isinstance(made, tuple) else (made, dict)
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._run())
+
+    def sampling_params(self, req: ChatRequest) -> Any:
+        kw = vllm_sampling_kwargs(req)
+        if req.json_schema is not None and self._structured_cls is not None:
+            kw["structured_outputs"] = self._structured_cls(json=req.json_schema)
+        return self._sp_cls(**kw)
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            try:
+                async with asyncio.timeout(self.batch_window_s):
+                    while len(batch) < self.max_batch:
+                        batch.append(await self._queue.get())
+            except TimeoutError:
+                pass
+            live = [(r, f) for r, f in batch if not f.cancelled()]
+            if not live:
+                continue
+            try:
+                outs = await asyncio.to_thread(self._llm.chat, [r.messages for r, _ in live],
+                                               [self.sampling_params(r) for r, _ in live], use_tqdm=False)
+            except Exception as e:          # the whole batch failed: every caller sees why
+                for _, f in live:
+                    if not f.done():
+                        f.set_exception(RuntimeError(f"vLLM in-process generation failed: {e}"))
+                continue
+            self.n_batches += 1
+            for (r, f), out in zip(live, outs):
+                res = result_from_vllm_output(out, self.cfg.model, bool(r.top_logprobs))
+                self.n_requests += 1
+                self.prompt_tokens += res.prompt_tokens
+                self.completion_tokens += res.completion_tokens
+                if not f.done():
+                    f.set_result(res)
+
+    async def complete(self, req: ChatRequest) -> ChatResult:
+        if self._queue is None:
+            raise RuntimeError("VllmBackend.complete before start()")
+        fut: asyncio.Future[ChatResult] = asyncio.get_running_loop().create_future()
+        await self._queue.put((req, fut))
+        return await fut
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._worker = None
+
+    def stats(self) -> dict[str, Any]:
+        return {"n_requests": self.n_requests, "n_batches": self.n_batches, "n_retries": 0,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+# ---- cache in front -----------------------------------------------------------------------------
+
+class CachedBackend:
+    """Answers from the SQLite cache when it can; identical requests in flight share one call."""
+
+    def __init__(self, inner: Any, cache: ResponseCache):
+        self.inner = inner
+        self.cfg: TeacherConfig = inner.cfg
+        self.cache = cache
+        self._inflight: dict[str, asyncio.Future[ChatResult]] = {}
+        self.n_cached = 0
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self._started = True
+
+    async def complete(self, req: ChatRequest) -> ChatResult:
+        key = cache_key(req.cache_payload(self.cfg.model))
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.n_cached += 1
+            res = ChatResult.from_json(hit)
+            res.cached = True
+            return res
+        if key in self._inflight:
+            return await asyncio.shield(self._inflight[key])
+        fut: asyncio.Future[ChatResult] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            if not self._started:           # lazily: a fully cached rerun never probes the server
+                if self._start_lock is None:
+                    self._start_lock = asyncio.Lock()
+                async with self._start_lock:
+                    if not self._started:
+                        await self.start()
+            res = await self.inner.complete(req)
+            self.cache.put(key, self.cfg.model, res.to_json())
+            fut.set_result(res)
+            return res
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()                 # consumed: waiters re-raise it themselves
+            raise
+        finally:
+            del self._inflight[key]
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.inner.stats(), n_cached=self.n_cached)
+
+
+def make_backend(cfg: TeacherConfig, cache: ResponseCache | None, seed: int = 0,
+                 llm_factory: Callable[[], Any] | None = None) -> Any:
+    inner: Any
+    if cfg.backend == "openai":
+        inner = HttpBackend(cfg, seed=seed)
+    elif cfg.backend == "vllm":
+        inner = VllmBackend(cfg, llm_factory=llm_factory)
+    else:
+        raise ValueError(f"teacher '{cfg.model}': unknown backend {cfg.backend!r} (openai | vllm)")
+    return CachedBackend(inner, cache) if cache is not None else inner

@@ -1,0 +1,432 @@
+"""The generation engine: runs a generator's steps over its prompts, concurrently, resumably.
+
+Output directory:
+    journal.jsonl   append-only, one line per finished prompt (records, rejections, counts,
+                    usage); its first line is a header with the config hash
+    cache.sqlite    request/response cache (synth.cache)
+    records.jsonl   the dataset (contract 6), sorted by prompt order then record order, after the
+                    post steps (clean, curriculum); byte-identical for the same inputs, config, seeds
+    rejects.jsonl   every rejected prompt/candidate with the step and the reason (quarantine)
+    removals.jsonl  what post steps removed and why (decontamination report)
+    manifest.json   teachers, parameters, counts and acceptance per step, token usage, throughput,
+                    errors (a `synth-run/1` RunManifest)
+
+Resume: a killed run leaves the journal with whole lines plus at most one torn last line; the next
+run truncates the torn tail, skips prompts already journaled, and replays cached requests. Every
+prompt is journaled with a single write of one line, so after SIGKILL and resume there is no lost
+and no duplicated record. The final files are rebuilt from the journal, not appended to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import atomic
+from common.errors import ContractError
+from common.hashing import canonical_json, config_hash
+from common.log import get_logger
+from common.manifest import RunManifest
+from synth.backends import make_backend
+from synth.cache import ResponseCache
+from synth.client import CircuitOpenError, RequestRejected, TeacherConfig
+from synth.decontam import EvalIndex, build_eval_index
+from synth.pipeline import POST_STEPS, STEPS, GeneratorConfig, PostStep, Row, RowError, Step
+from synth.records import SynthRecord, validate_record
+from synth.sources import load_rows
+
+import synth.steps  # noqa: F401  (registers the built-in steps)
+
+log = get_logger("synth.engine")
+
+JOURNAL_SCHEMA = "synth-journal/1"
+RUN_SCHEMA = "synth-run/1"
+
+
+class SynthRunManifest(RunManifest):
+    SCHEMA = RUN_SCHEMA
+    generator: str
+    teachers: dict[str, dict[str, Any]] = {}
+    steps: dict[str, dict[str, Any]] = {}
+    post: dict[str, dict[str, Any]] = {}
+    usage: dict[str, Any] = {}
+    throughput: dict[str, float] = {}
+    errors: dict[str, Any] = {}
+
+
+class RunEnv:
+    """What steps see of the run: the config, the seed, teacher backends, shared indexes."""
+
+    def __init__(self, generator: GeneratorConfig, cache: ResponseCache | None, llm_factory: Any = None):
+        self.generator = generator
+        self.seed = generator.seed
+        self._backends: dict[str, Any] = {}
+        self._cache = cache
+        self._llm_factory = llm_factory
+        self._eval: dict[str, EvalIndex] = {}
+
+    def backend(self, role: str) -> Any:
+        if role not in self._backends:
+            if role not in self.generator.teachers:
+                raise ValueError(f"generator '{self.generator.generator}' has no teacher '{role}' "
+                                 f"(teachers: {', '.join(self.generator.teachers) or 'none'})")
+            self._backends[role] = make_backend(self.generator.teachers[role], self._cache, seed=self.seed,
+                                                llm_factory=self._llm_factory)
+        return self._backends[role]
+
+    def eval_index(self, specs: list[dict[str, Any]], n: int) -> EvalIndex:
+        key = canonical_json([specs, n])
+        if key not in self._eval:
+            self._eval[key] = build_eval_index(specs, n)
+        return self._eval[key]
+
+    async def close(self) -> None:
+        for b in self._backends.values():
+            await b.close()
+
+    def backend_stats(self) -> dict[str, Any]:
+        return {role: b.stats() for role, b in self._backends.items()}
+
+
+# ---- journal ------------------------------------------------------------------------------------
+
+def _journal_line(row: Row) -> str:
+    return json.dumps({
+        "index": row.index, "id": row.id, "dropped": row.dropped,
+        "records": [r.model_dump(mode="json", by_alias=True) for r in row.records],
+        "rejects": row.rejects, "step_counts": row.step_counts, "usage": row.usage,
+    }, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def read_journal(path: Path, cfg_hash: str) -> dict[str, dict[str, Any]]:
+    """Finished prompts by id. Truncates a torn last line (a kill mid-write) in place."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        log.warning("journal %s: dropping a torn last line of %d bytes (the previous run was killed mid-write)",
+                    path, len(data) - end)
+        with open(path, "r+b") as fh:
+            fh.truncate(end)
+        data = data[:end]
+    lines = data.decode("utf-8").splitlines()
+    if not lines:
+        return {}
+    header = json.loads(lines[0])
+    if header.get("schema") != JOURNAL_SCHEMA:
+        raise ContractError(path, f"schema is {header.get('schema')!r}, expected {JOURNAL_SCHEMA!r}", field="schema")
+    if header.get("config_hash") != cfg_hash:
+        raise ContractError(path, "this output directory holds a run of a different generator config "
+                            f"(journal {header.get('config_hash', '')[:12]}, now {cfg_hash[:12]}); use another --out, "
+                            "or --fresh to restart here (the request cache is kept)")
+    done: dict[str, dict[str, Any]] = {}
+    for i, line in enumerate(lines[1:], 2):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ContractError(f"{path} line {i}", f"not valid JSON ({e})") from None
+        done[entry["id"]] = entry
+    return done
+
+
+class Journal:
+    def __init__(self, path: Path, cfg_hash: str):
+        self.path = path
+        new = not path.exists() or path.stat().st_size == 0
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if new:
+            self._write(json.dumps({"schema": JOURNAL_SCHEMA, "config_hash": cfg_hash}) + "\n")
+
+    def _write(self, line: str) -> None:
+        data = line.encode("utf-8")
+        n = os.write(self._fd, data)          # one write per line: O_APPEND keeps lines whole
+        if n != len(data):
+            raise OSError(f"short write to {self.path}: {n} of {len(data)} bytes")
+
+    def append(self, row: Row) -> None:
+        self._write(_journal_line(row))
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.fsync(self._fd)
+        os.close(self._fd)
+
+
+# ---- progress -----------------------------------------------------------------------------------
+
+@dataclass
+class Progress:
+    total: int
+    done: int = 0
+    records: int = 0
+    generated: int = 0
+    accepted: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+    enabled: bool = True
+    _bar: Any = None
+
+    def __post_init__(self) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+            self._bar = tqdm(total=self.total, unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True,
+                             disable=None if sys.stderr.isatty() else False)
+
+    def update(self, row: Row) -> None:
+        self.done += 1
+        self.records += len(row.records)
+        gen = sum(len(v) for v in row.candidates.values())
+        self.generated += gen
+        self.accepted += sum(1 for v in row.candidates.values() for c in v if c.alive)
+        self.completion_tokens += row.usage["completion_tokens"]
+        if self._bar is not None:
+            dt = max(1e-9, time.perf_counter() - self.t0)
+            acc = self.accepted / self.generated if self.generated else 0.0
+            self._bar.set_postfix_str(f"records={self.records} accept={acc:.0%} tok/s={self.completion_tokens / dt:.0f}"
+                                      + (f" errors={self.errors}" if self.errors else ""), refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    manifest: SynthRunManifest
+    records_path: Path
+    n_records: int
+
+
+def load_generator(spec: str | os.PathLike, overrides: list[str] | None = None) -> GeneratorConfig:
+    """A generator by name (synth/generators/<name>.yaml, then synth/domains/<name>.yaml) or path."""
+    from common.config import load_config
+    p = Path(spec)
+    if not p.suffix:
+        here = Path(__file__).resolve().parent
+        for cand in (here / "generators" / f"{spec}.yaml", here / "domains" / f"{spec}.yaml"):
+            if cand.is_file():
+                p = cand
+                break
+        else:
+            known = sorted(x.stem for d in ("generators", "domains") for x in (here / d).glob("*.yaml"))
+            raise ContractError(spec, f"no generator named '{spec}'; built in: {', '.join(known)} (or give a YAML path)")
+    return load_config(GeneratorConfig, p, overrides)
+
+
+def build_steps(cfg: GeneratorConfig, env: RunEnv) -> tuple[list[Step], list[PostStep]]:
+    for mod in cfg.imports:
+        importlib.import_module(mod)
+    steps: list[Step] = []
+    posts: list[PostStep] = []
+    names: set[str] = set()
+    for where, raw_list, registry, out in (("steps", cfg.steps, STEPS, steps), ("post", cfg.post, POST_STEPS, posts)):
+        for i, raw in enumerate(raw_list):
+            kind = raw.get("kind")
+            if kind not in registry:
+                raise ValueError(f"{where}[{i}]: unknown kind {kind!r}; registered: {', '.join(sorted(registry))}")
+            cls = registry[kind]
+            name = raw.get("name") or (f"{kind}:{raw['field']}" if "field" in raw else kind)
+            if name in names:
+                name = f"{name}#{i}"
+            names.add(name)
+            out.append(cls(name, cls.parse_config(raw, f"{where}[{i}] '{name}'"), env))  # type: ignore[arg-type]
+    return steps, posts
+
+
+async def _process(row: Row, steps: list[Step]) -> Row:
+    for step in steps:
+        await step.apply(row)
+        if row.dropped:
+            break
+    return row
+
+
+def _row_from_fields(index: int, fields: dict[str, Any]) -> Row:
+    return Row(index=index, id=str(fields["id"]), fields=dict(fields))
+
+
+async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: bool = False,
+                    progress: bool = True, llm_factory: Any = None, stop_after_rows: int | None = None) -> RunResult:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.clean_stale_tmp(out)
+    cfg_dump = cfg.model_dump(mode="json")
+    chash = config_hash(cfg_dump)
+    journal_path = out / "journal.jsonl"
+    if fresh and journal_path.exists():
+        journal_path.unlink()
+    t_start = time.perf_counter()
+    rows_fields, source_counts = load_rows(cfg.source, cfg.seed, cfg.limit)
+    rows = [_row_from_fields(i, f) for i, f in enumerate(rows_fields)]
+    done = read_journal(journal_path, chash)
+    unknown = set(done) - {r.id for r in rows}
+    if unknown:
+        raise ContractError(journal_path, f"{len(unknown)} journaled prompts are not in the source any more "
+                            f"(e.g. {sorted(unknown)[0]}); the input changed: use --fresh")
+    pending = [r for r in rows if r.id not in done]
+    cache = ResponseCache(out / "cache.sqlite")
+    env = RunEnv(cfg, cache, llm_factory=llm_factory)
+    steps, posts = build_steps(cfg, env)
+    journal = Journal(journal_path, chash)
+    prog = Progress(total=len(pending), enabled=progress)
+    log.info("generator %s: %d prompts, %d already done, %d to go -> %s",
+             cfg.generator, len(rows), len(done), len(pending), out)
+    errors: list[str] = []
+    fatal: BaseException | None = None
+    sem = asyncio.Semaphore(cfg.output.max_inflight_rows)
+    n_finished = 0
+    t_gen = time.perf_counter()
+
+    async def one(row: Row) -> None:
+        nonlocal n_finished, fatal
+        async with sem:
+            if fatal is not None or (stop_after_rows is not None and n_finished >= stop_after_rows):
+                return
+            try:
+                await _process(row, steps)
+            except RowError as e:
+                errors.append(str(e))
+                prog.errors += 1
+                if cfg.output.max_error_rows is not None and len(errors) > cfg.output.max_error_rows:
+                    fatal = RuntimeError(f"{len(errors)} prompts failed for good (max_error_rows="
+                                         f"{cfg.output.max_error_rows}); first: {errors[0]}")
+                return
+            except (CircuitOpenError, RequestRejected) as e:
+                fatal = e
+                return
+            journal.append(row)
+            n_finished += 1
+            prog.update(row)
+
+    try:
+        tasks = [asyncio.create_task(one(r)) for r in pending]
+        while tasks:
+            finished, pending_tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in finished:
+                t.result()
+            tasks = list(pending_tasks)
+            if fatal is not None:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                break
+    finally:
+        prog.close()
+        journal.close()
+        cache.close()
+        stats = env.backend_stats()
+        await env.close()
+    if fatal is not None:
+        raise fatal
+    gen_s = time.perf_counter() - t_gen
+
+    # ---- rebuild outputs from the journal (sorted, deterministic) --------------------------------
+    entries = read_journal(journal_path, chash)
+    order = {r.id: r.index for r in rows}
+    ordered = sorted(entries.values(), key=lambda e: order[e["id"]])
+    records = [validate_record(d, journal_path) for e in ordered for d in e["records"]]
+    rejects = [rj for e in ordered for rj in e["rejects"]]
+    complete = len(entries) == len(rows)
+    removals: list[dict[str, Any]] = []
+    post_summary: dict[str, dict[str, Any]] = {}
+    if complete:
+        for p in posts:
+            n_before = len(records)
+            records, removed = p.apply(records)
+            removals += removed
+            post_summary[p.name] = {"in": n_before, "out": len(records), **getattr(p, "summary", {})}
+    records_path = out / "records.jsonl"
+    export_manifest: dict[str, Any] = {"files": {}}
+    if complete:
+        atomic.write_text(records_path, "".join(r.to_json_line() for r in records))
+        atomic.write_text(out / "rejects.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rejects))
+        atomic.write_text(out / "removals.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in removals))
+        from synth.export import export_records
+        export_manifest = export_records(records, out / "export", cfg.output.formats)
+
+    step_counts: dict[str, dict[str, Any]] = {s.name: {"kind": s.kind, "in": 0, "out": 0} for s in steps}
+    usage = {"requests": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    n_dropped: dict[str, int] = {}
+    for e in ordered:
+        for name, (a, b) in e["step_counts"].items():
+            sc = step_counts.setdefault(name, {"kind": "?", "in": 0, "out": 0})
+            sc["in"] += a
+            sc["out"] += b
+        for k in usage:
+            usage[k] += e["usage"].get(k, 0)
+        if e["dropped"]:
+            step = e["dropped"].split(":", 1)[0]
+            n_dropped[step] = n_dropped.get(step, 0) + 1
+    for sc in step_counts.values():
+        sc["acceptance"] = round(sc["out"] / sc["in"], 4) if sc["in"] else None
+    by_kind: dict[str, int] = {}
+    for r in records:
+        by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
+    live_completion = sum(s.get("completion_tokens", 0) for s in stats.values())
+    manifest = SynthRunManifest(
+        job=f"synth {cfg.generator}", generator=cfg.generator, status="complete" if complete else "partial",
+        config=cfg_dump, config_hash=chash,
+        teachers={k: v.describe() for k, v in cfg.teachers.items()},
+        steps=step_counts, post=post_summary,
+        counts={"prompts": len(rows), "prompts_done": len(entries), "prompts_dropped": n_dropped,
+                "records": len(records), "records_by_kind": by_kind, "rejects": len(rejects),
+                "removed_by_post": len(removals), "strict_pairs": sum(1 for r in records if r.pair_role == "on"),
+                **source_counts},
+        usage={**usage, "this_run": stats},
+        throughput={"wall_s": round(time.perf_counter() - t_start, 3), "generate_s": round(gen_s, 3),
+                    "prompts_per_s": round(n_finished / gen_s, 3) if gen_s > 0 else 0.0,
+                    "records_per_s": 0.0,
+                    "completion_tokens_per_s": round(live_completion / gen_s, 3) if gen_s > 0 else 0.0},
+        errors={"prompts_failed": len(errors), "examples": errors[:5]},
+        outputs=([str(records_path.name), "rejects.jsonl", "removals.jsonl"]
+                 + [f"export/{f}" for f in export_manifest["files"]]) if complete else [],
+    )
+    pending_ids = {r.id for r in pending}
+    new_records = sum(len(e["records"]) for e in ordered if e["id"] in pending_ids)
+    manifest.throughput["records_per_s"] = round(new_records / gen_s, 3) if gen_s > 0 else 0.0
+    if complete:
+        manifest.write(out)
+    else:
+        atomic.write_json(out / "manifest.partial.json", manifest.to_json_dict())
+    return RunResult(out, manifest, records_path, len(records))
+
+
+def run(cfg: GeneratorConfig, out_dir: str | os.PathLike, **kw: Any) -> RunResult:
+    return asyncio.run(run_async(cfg, out_dir, **kw))
+
+
+def apply_teacher_overrides(cfg: GeneratorConfig, endpoints: list[str] | None, model: str | None,
+                            backend: str | None, roles: list[str] | None = None) -> GeneratorConfig:
+    """`--endpoint/--model/--backend` apply to every teacher (or the listed roles): the usual case
+    of one model serving every role."""
+    if not (endpoints or model or backend):
+        return cfg
+    teachers = {}
+    for role, t in cfg.teachers.items():
+        if roles and role not in roles:
+            teachers[role] = t
+            continue
+        upd: dict[str, Any] = {}
+        if endpoints:
+            upd["endpoints"] = list(endpoints)
+        if model:
+            upd["model"] = model
+        if backend:
+            upd["backend"] = backend
+        teachers[role] = TeacherConfig.model_validate({**t.model_dump(), **upd})
+    return cfg.model_copy(update={"teachers": teachers})

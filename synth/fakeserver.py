@@ -1,0 +1,402 @@
+"""A scripted OpenAI-compatible server on localhost: real HTTP/1.1 (keep-alive, JSON bodies,
+server-sent-event streams), scripted answers, and the fault modes a teacher fleet shows in
+practice: bursts of 429, 500s, requests that hang past the client's timeout, malformed JSON,
+truncated streams and dropped connections.
+
+It is a test double for a teacher LLM's *answers*, never for the protocol: the client under test
+talks to it over sockets exactly as it talks to `vllm serve`. Used by tests/synth, the client
+benchmark (`benchmarks/synth_client.py`, where it runs in its own process) and the demo's `ci`
+profile when no vLLM environment is built.
+
+    python -m synth.fakeserver --port 0 [--responder echo|arithmetic] [--latency-ms 0]
+
+prints `listening on http://127.0.0.1:PORT/v1` once it accepts connections.
+
+Faults are rules; a request matches a rule by its global arrival number (`first_n`, `every`), by
+which attempt it is for its content (`attempts`: 0 is the first time this exact body arrives), by
+a deterministic hash-selected `fraction` of request bodies, or by a substring (`contains`) of the
+body. The first matching rule applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+FAULT_KINDS = ("429", "500", "503", "timeout", "malformed", "truncate", "drop", "400", "404")
+
+Responder = Callable[[dict[str, Any]], "str | dict[str, Any]"]
+
+
+@dataclass
+class Fault:
+    kind: str
+    first_n: int | None = None          # requests 0..first_n-1 (global arrival order)
+    every: int | None = None            # every k-th request (arrival number % k == k-1)
+    attempts: list[int] | None = None   # these attempt numbers of each distinct body
+    fraction: float | None = None       # hash-selected share of distinct bodies (all their attempts)
+    contains: str | None = None         # only bodies containing this substring
+    delay_s: float = 30.0               # for "timeout": how long to hang before closing
+    retry_after_s: float | None = None  # for "429": the Retry-After header
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {self.kind!r}; known: {', '.join(FAULT_KINDS)}")
+
+    def matches(self, n: int, attempt: int, body_key: str, body: bytes) -> bool:
+        if self.contains is not None and self.contains.encode() not in body:
+            return False
+        if self.first_n is not None and n >= self.first_n:
+            return False
+        if self.every is not None and (n % self.every) != self.every - 1:
+            return False
+        if self.attempts is not None and attempt not in self.attempts:
+            return False
+        if self.fraction is not None and int(body_key[:8], 16) / 0xFFFFFFFF >= self.fraction:
+            return False
+        return True
+
+
+def _n_tokens(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def _token_id(tok: str) -> int:
+    return int(hashlib.sha256(tok.encode()).hexdigest()[:6], 16) % 49152
+
+
+def echo_responder(req: dict[str, Any]) -> str:
+    """A deterministic answer from the request: its last user message's hash, seed and a constant."""
+    msgs = req.get("messages") or []
+    last = msgs[-1]["content"] if msgs else ""
+    h = hashlib.sha256(f"{last}|{req.get('seed')}".encode()).hexdigest()[:8]
+    return f"ok {h}"
+
+
+_NUM = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def arithmetic_responder(req: dict[str, Any]) -> str:
+    """A scripted 'teacher' for arithmetic word problems: it states the numbers it saw and answers
+    with their sum, product or difference depending on the wording, right or wrong as it happens.
+    It follows the reasoning toggle: `<think>...</think>` under `detailed thinking on`."""
+    msgs = req.get("messages") or []
+    system = next((m["content"] for m in msgs if m.get("role") == "system"), "")
+    user = next((m["content"] for m in reversed(msgs) if m.get("role") == "user"), "")
+    nums = [float(x) for x in _NUM.findall(user)]
+    low = user.lower()
+    if not nums:
+        ans = 0.0
+    elif any(w in low for w in ("times", "each", "per", "every")) and len(nums) >= 2:
+        ans = math.prod(nums[:2])
+    elif any(w in low for w in ("left", "gives away", "loses", "spent", "eats", "remain")) and len(nums) >= 2:
+        ans = nums[0] - sum(nums[1:])
+    else:
+        ans = sum(nums)
+    seed = req.get("seed") or 0
+    if seed % 5 == 4:       # some samples are wrong, so verification has something to reject
+        ans += 1
+    ans_s = str(int(ans)) if float(ans).is_integer() else f"{ans:g}"
+    if "thinking on" in system:
+        return f"<think>\nThe numbers are {', '.join(f'{n:g}' for n in nums)}. Combining them gives {ans_s}.\n</think>\nThe answer is \\boxed{{{ans_s}}}."
+    return f"The answer is \\boxed{{{ans_s}}}."
+
+
+RESPONDERS: dict[str, Responder] = {"echo": echo_responder, "arithmetic": arithmetic_responder}
+
+
+@dataclass
+class ServerStats:
+    n_requests: int = 0
+    n_faults: dict[str, int] = field(default_factory=dict)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FakeOpenAIServer:
+    """`with FakeOpenAIServer(responder, faults) as srv: srv.base_url` runs it in a thread."""
+
+    def __init__(self, responder: Responder | str = "echo", faults: list[Fault] | None = None,
+                 model: str = "fake-teacher", host: str = "127.0.0.1", port: int = 0,
+                 latency_s: float = 0.0, record_bodies: bool = True):
+        self.responder: Responder = RESPONDERS[responder] if isinstance(responder, str) else responder
+        self.faults = list(faults or [])
+        self.model = model
+        self.host = host
+        self.port = port
+        self.latency_s = latency_s
+        self.record_bodies = record_bodies
+        self.stats = ServerStats()
+        self._attempts: dict[str, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def serve(self, ready: Callable[[], None] | None = None) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=4096)
+        self.port = self._server.sockets[0].getsockname()[1]
+        if ready:
+            ready()
+        async with self._server:
+            await self._server.serve_forever()
+
+    def start(self) -> "FakeOpenAIServer":
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self.serve(self._ready.set))
+            except asyncio.CancelledError:
+                pass
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="fake-openai-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake OpenAI server did not start within 10 s")
+        return self
+
+    def stop(self) -> None:
+        if self._loop and self._server:
+            def _close() -> None:
+                assert self._server is not None
+                self._server.close()
+                for task in asyncio.all_tasks(self._loop):
+                    task.cancel()
+            self._loop.call_soon_threadsafe(_close)
+        if self._thread:
+            self._thread.join(10)
+
+    def __enter__(self) -> "FakeOpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- HTTP --------------------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {}
+                for ln in lines[1:]:
+                    if ":" in ln:
+                        k, v = ln.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                keep = await self._dispatch(method, path.split("?")[0], body, writer)
+                if not keep or headers.get("connection", "").lower() == "close":
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    @staticmethod
+    def _response(status: int, body: bytes, content_type: str = "application/json",
+                  extra: dict[str, str] | None = None) -> bytes:
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests",
+                  500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Error")
+        hdr = [f"HTTP/1.1 {status} {reason}", f"content-type: {content_type}",
+               f"content-length: {len(body)}"]
+        for k, v in (extra or {}).items():
+            hdr.append(f"{k}: {v}")
+        return ("\r\n".join(hdr) + "\r\n\r\n").encode() + body
+
+    async def _dispatch(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        if method == "GET" and path in ("/v1/models", "/models"):
+            data = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "purokit-fake"}]}
+            writer.write(self._response(200, json.dumps(data).encode()))
+            await writer.drain()
+            return True
+        if method == "GET" and path in ("/health", "/v1/health"):
+            writer.write(self._response(200, b"{}"))
+            await writer.drain()
+            return True
+        if method != "POST" or path not in ("/v1/chat/completions", "/chat/completions"):
+            writer.write(self._response(404, json.dumps({"error": {"message": f"no route {method} {path}"}}).encode()))
+            await writer.drain()
+            return True
+
+        key = hashlib.sha256(body).hexdigest()
+        with self._lock:
+            n = self.stats.n_requests
+            self.stats.n_requests += 1
+            attempt = self._attempts.get(key, 0)
+            self._attempts[key] = attempt + 1
+        fault = next((f for f in self.faults if f.matches(n, attempt, key, body)), None)
+        try:
+            req = json.loads(body)
+        except json.JSONDecodeError:
+            writer.write(self._response(400, b'{"error":{"message":"body is not JSON"}}'))
+            await writer.drain()
+            return True
+        if self.record_bodies:
+            with self._lock:
+                self.stats.bodies.append(req)
+        if req.get("model") != self.model:
+            msg = {"error": {"message": f"The model `{req.get('model')}` does not exist.", "type": "NotFoundError", "code": 404}}
+            writer.write(self._response(404, json.dumps(msg).encode()))
+            await writer.drain()
+            return True
+        if fault is not None:
+            with self._lock:
+                self.stats.n_faults[fault.kind] = self.stats.n_faults.get(fault.kind, 0) + 1
+            return await self._fault(fault, req, writer)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if req.get("stream"):
+            await self._stream(req, writer, truncate=False)
+        else:
+            writer.write(self._response(200, json.dumps(self._completion(req)).encode()))
+            await writer.drain()
+        return True
+
+    async def _fault(self, fault: Fault, req: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+        k = fault.kind
+        if k in ("429", "500", "503", "400", "404"):
+            extra = {"retry-after": f"{fault.retry_after_s:g}"} if (k == "429" and fault.retry_after_s is not None) else None
+            msg = {"error": {"message": f"scripted fault {k}", "type": "fault", "code": int(k)}}
+            writer.write(self._response(int(k), json.dumps(msg).encode(), extra=extra))
+            await writer.drain()
+            return True
+        if k == "timeout":
+            await asyncio.sleep(fault.delay_s)
+            return False
+        if k == "malformed":
+            writer.write(self._response(200, b'{"id": "x", "choices": [{"message": {"content": "unterminated'))
+            await writer.drain()
+            return True
+        if k == "truncate":
+            if req.get("stream"):
+                await self._stream(req, writer, truncate=True)
+                return False
+            full = json.dumps(self._completion(req)).encode()
+            head = self._response(200, full)
+            writer.write(head[: len(head) - len(full) // 2])     # promise the whole body, send half
+            await writer.drain()
+            return False
+        if k == "drop":
+            return False                                      # close without a byte of response
+        raise AssertionError(k)
+
+    def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        out = self.responder(req)
+        return {"content": out} if isinstance(out, str) else dict(out)
+
+    def _logprobs(self, req: dict[str, Any], tokens: list[str]) -> dict[str, Any] | None:
+        if not req.get("logprobs"):
+            return None
+        as_ids = bool(req.get("return_tokens_as_token_ids"))
+        content = []
+        for i, t in enumerate(tokens):
+            lp = -((int(hashlib.sha256(f"{t}{i}".encode()).hexdigest()[:4], 16) % 1000) / 400.0)
+            tok = f"token_id:{_token_id(t)}" if as_ids else t
+            content.append({"token": tok, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []})
+        return {"content": content}
+
+    def _completion(self, req: dict[str, Any]) -> dict[str, Any]:
+        ans = self._answer(req)
+        text = ans["content"]
+        tokens = re.findall(r"\S+\s*|\s+", text) or [""]
+        max_tokens = req.get("max_tokens") or req.get("max_completion_tokens")
+        finish = ans.get("finish_reason", "stop")
+        if max_tokens and len(tokens) > max_tokens:
+            tokens = tokens[:max_tokens]
+            text = "".join(tokens)
+            finish = "length"
+        prompt_text = " ".join(str(m.get("content", "")) for m in req.get("messages") or [])
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": finish, "logprobs": self._logprobs(req, tokens)}
+        resp: dict[str, Any] = {
+            "id": "chatcmpl-" + hashlib.sha256(json.dumps(req, sort_keys=True).encode()).hexdigest()[:12],
+            "object": "chat.completion", "created": int(time.time()), "model": self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": _n_tokens(prompt_text), "completion_tokens": len(tokens),
+                      "total_tokens": _n_tokens(prompt_text) + len(tokens)},
+        }
+        if req.get("return_token_ids"):
+            choice["token_ids"] = [_token_id(t) for t in tokens]
+            resp["prompt_token_ids"] = [_token_id(t) for t in prompt_text.split()]
+        return resp
+
+    async def _stream(self, req: dict[str, Any], writer: asyncio.StreamWriter, truncate: bool) -> None:
+        full = self._completion(req)
+        text = full["choices"][0]["message"]["content"]
+        tokens = re.findall(r"\S+\s*|\s+", text) or [""]
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+
+        def chunk(payload: str) -> bytes:
+            data = f"data: {payload}\n\n".encode()
+            return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+        lp = full["choices"][0].get("logprobs")
+        for i, t in enumerate(tokens):
+            if truncate and i >= max(1, len(tokens) // 2):
+                await writer.drain()
+                return                                           # connection closes mid-stream
+            delta = {"id": full["id"], "object": "chat.completion.chunk", "model": self.model,
+                     "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None,
+                                  "logprobs": {"content": [lp["content"][i]]} if lp else None}]}
+            writer.write(chunk(json.dumps(delta)))
+        last = {"id": full["id"], "object": "chat.completion.chunk", "model": self.model,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": full["choices"][0]["finish_reason"]}]}
+        writer.write(chunk(json.dumps(last)))
+        if (req.get("stream_options") or {}).get("include_usage"):
+            writer.write(chunk(json.dumps({"id": full["id"], "object": "chat.completion.chunk", "model": self.model,
+                                           "choices": [], "usage": full["usage"]})))
+        writer.write(chunk("[DONE]"))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m synth.fakeserver", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--model", default="fake-teacher")
+    ap.add_argument("--responder", default="echo", choices=sorted(RESPONDERS))
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--fault", action="append", default=[],
+                    help='a fault rule as JSON, e.g. \'{"kind": "429", "first_n": 100}\'')
+    args = ap.parse_args(argv)
+    srv = FakeOpenAIServer(args.responder, [Fault(**json.loads(f)) for f in args.fault], model=args.model,
+                           host=args.host, port=args.port, latency_s=args.latency_ms / 1000, record_bodies=False)
+
+    def ready() -> None:
+        print(f"listening on {srv.base_url}", flush=True)
+
+    try:
+        asyncio.run(srv.serve(ready))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""SFT / RL records (ARCHITECTURE.md contract 6): the one schema, reader and writer for what synth
+emits and what the mixtures SFT packer and RL trainers read.
+
+Field names mirror the released Llama-Nemotron / Nemotron post-training datasets (`messages`,
+`reasoning`, `generator`, `category`, `license`; anchors.md §2.2) plus what an audit needs:
+`teacher` (model + sampling parameters), `verification` (method, verdict, score, the rule that
+admitted it), `pair_id`/`pair_role` (Llama-Nemotron §3.2 strict pairs vs mode-specific bulk),
+`answer_source` (reference or majority vote, LN §2.1).
+
+Three kinds share the schema:
+- `sft`: `messages` = [system `detailed thinking on|off`, user, assistant] (OpenAI chat messages,
+  `tool_calls` where used); `system` and `reasoning` repeat the toggle for filtering.
+- `rl_prompt`: `prompt`, `reference`, `verifier`, `pass_rate` over `n_samples` from `estimator`
+  (LN §6.1), `curriculum_rank`.
+- `rl_rollout`: one sampled completion with `rollout` = token ids exactly as the engine sampled
+  them, per-token logprobs and how they were computed (engine, temperature, top-p, logprobs mode
+  before/after sampling transforms, precision), policy id, finish reason and truncation flag
+  (Ring-linear §4.4), and its `reward`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common.errors import ContractError
+
+RECORD_SCHEMA = "synth-record/1"
+SYSTEM_ON = "detailed thinking on"
+SYSTEM_OFF = "detailed thinking off"
+TOGGLE = {"on": SYSTEM_ON, "off": SYSTEM_OFF}
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str                      # JSON text, as the OpenAI protocol carries it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class TeacherInfo(BaseModel):
+    """Which model answered and how it sampled (LN testable behaviour 10: temperature and top-p
+    on every record). The endpoint URL is not recorded: with load spreading it varies between
+    runs, and records must be byte-identical for the same inputs, config and seeds."""
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    role: str = ""                      # the generator's name for it: reasoning, instruct, judge, policy
+    engine: str = "unknown"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+
+class Verification(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    method: str                         # math_equivalence, mcq_letter, judge, reward, majority_vote, format
+    verdict: bool
+    score: float | None = None
+    rule: str = ""                      # what admitted it: reference, majority_vote, judge:<model>, reward>=t
+    detail: str | None = None
+
+
+class Rollout(BaseModel):
+    """Everything a PPO-style trainer needs to use the engine's own probabilities as pi_old
+    (Ring-linear §4.2, Eq. 5), and to decide whether it may."""
+    model_config = ConfigDict(extra="forbid")
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    rollout_logprobs: list[float] | None = None
+    logprobs_mode: str = "raw_logprobs"     # vLLM V1 default: computed before temperature/top-p
+    logprobs_after_sampling_transforms: bool = False
+    engine: str = "unknown"
+    precision: str = "unknown"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    policy: str = ""                        # model id / weights version that sampled
+    finish_reason: str | None = None
+    truncated: bool = False
+    max_context: int | None = None
+    token_ids_source: str = "none"          # engine (return_token_ids / token_id:N) | none
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "Rollout":
+        ids, lps = self.completion_token_ids, self.rollout_logprobs
+        if ids is not None and lps is not None and len(ids) != len(lps):
+            raise ValueError(f"{len(lps)} rollout_logprobs for {len(ids)} completion_token_ids")
+        if lps is not None and any((not math.isfinite(v)) or v > 1e-6 for v in lps):
+            raise ValueError("rollout_logprobs must be finite and <= 0")
+        return self
+
+
+class SynthRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    schema_: Literal["synth-record/1"] = Field(default=RECORD_SCHEMA, alias="schema")
+    id: str
+    kind: Literal["sft", "rl_prompt", "rl_rollout"] = "sft"
+    generator: str
+    prompt_id: str
+    source: str = ""
+    category: str = ""
+    license: str = ""
+    messages: list[Message] = Field(default_factory=list)
+    system: str | None = None
+    reasoning: Literal["on", "off"] | None = None
+    pair_id: str | None = None
+    pair_role: Literal["on", "off"] | None = None
+    teacher: TeacherInfo | None = None
+    verification: Verification | None = None
+    answer_source: str | None = None        # reference | majority_vote | judge
+    # RL
+    prompt: str | None = None
+    reference: str | None = None
+    verifier: str | None = None
+    pass_rate: float | None = None
+    n_samples: int | None = None
+    estimator: str | None = None
+    curriculum_rank: int | None = None
+    reward: float | None = None
+    rollout: Rollout | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _toggle(self) -> "SynthRecord":
+        if self.kind == "sft":
+            if not self.messages:
+                raise ValueError("an sft record needs messages")
+            if self.reasoning is not None:
+                want = TOGGLE[self.reasoning]
+                if self.system != want:
+                    raise ValueError(f"reasoning={self.reasoning} needs system exactly {want!r}, got {self.system!r}")
+                if self.messages[0].role != "system" or self.messages[0].content != want:
+                    raise ValueError(f"reasoning={self.reasoning}: messages[0] must be the system message {want!r}")
+        if self.pair_role is not None and self.pair_id is None:
+            raise ValueError("pair_role without pair_id")
+        if self.kind == "rl_prompt" and self.prompt is None:
+            raise ValueError("an rl_prompt record needs prompt")
+        if self.pass_rate is not None and not (0.0 <= self.pass_rate <= 1.0):
+            raise ValueError(f"pass_rate {self.pass_rate} outside [0, 1]")
+        return self
+
+    def to_json_line(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=False),
+                          sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def validate_record(data: Any, path: str | os.PathLike = "<records>", line: int | None = None) -> SynthRecord:
+    where = f"{path}" + (f" line {line}" if line is not None else "")
+    if not isinstance(data, dict):
+        raise ContractError(where, "a record must be a JSON object")
+    if data.get("schema") != RECORD_SCHEMA:
+        raise ContractError(where, f"schema is {data.get('schema')!r}, this reader expects {RECORD_SCHEMA!r}", field="schema")
+    try:
+        return SynthRecord.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or None
+        rid = data.get("id", "?")
+        raise ContractError(where, f"record {rid}: {err['msg']}", field=field) from None
+
+
+def read_records(path: str | os.PathLike) -> Iterator[SynthRecord]:
+    """Validated records from a jsonl file; errors name the file, line, record id and field."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ContractError(f"{path} line {i}", f"not valid JSON ({e})") from None
+            yield validate_record(data, path, i)
+
+
+def write_records(path: str | os.PathLike, records: Iterable[SynthRecord]) -> int:
+    from common import atomic
+    lines = [r.to_json_line() for r in records]
+    atomic.write_text(path, "".join(lines))
+    return len(lines)

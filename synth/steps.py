@@ -1,0 +1,558 @@
+"""Built-in steps. Per prompt: `decontaminate`, `generate`, `parse_reasoning`, `filter`,
+`verify`, `judge`, `pair`, `format_sft`, `pass_rate`, `format_rl`. Over the dataset (post):
+`clean`, `curriculum`. See `synth.pipeline` for how to add more."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from typing_extensions import Annotated
+
+from common.hashing import stable_id
+from synth import rl
+from synth.client import ChatRequest, RequestRejected, RetriesExhausted
+from synth.decontam import build_eval_index, clean_records, removal_summary
+from synth.pipeline import Candidate, PostStep, Row, RowError, Step, derive_seed, register_post_step, register_step
+from synth.records import TOGGLE, Message, Rollout, SynthRecord, TeacherInfo, Verification
+from synth.verify import ANSWER_EXTRACTORS, ANSWER_KEYS, get_verifier, majority_answer, parse_reasoning
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _yaml_mode(v: Any) -> Any:
+    # YAML 1.1 reads a bare on/off as a boolean; accept it as the toggle it was meant to be
+    return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
+Mode = Annotated[Literal["on", "off"], BeforeValidator(_yaml_mode)]
+
+
+def _format(template: str, fields: dict[str, Any]) -> str:
+    try:
+        return template.format_map(fields)
+    except KeyError as e:
+        raise ValueError(f"template {template[:60]!r} uses field {e} which the row does not have "
+                         f"(fields: {', '.join(fields)})") from None
+
+
+# ---- per-prompt steps ---------------------------------------------------------------------------
+
+@register_step("decontaminate")
+class Decontaminate(Step):
+    """Drop prompts sharing an n-gram with an evaluation example BEFORE any teacher request
+    (LN testable behaviour 13: no contaminated prompt reaches a teacher)."""
+
+    class Config(_Cfg):
+        evals: list[dict[str, Any]]
+        n: int = 13
+        fields: list[str] = Field(default_factory=lambda: ["prompt"])
+
+    async def apply(self, row: Row) -> None:
+        idx = self.env.eval_index(self.cfg.evals, self.cfg.n)
+        text = "\n".join(str(row.fields.get(f, "")) for f in self.cfg.fields)
+        hit = idx.find(text)
+        self.count(row, 1, 0 if hit else 1)
+        if hit:
+            row.drop(self.name, f"contaminated: {self.cfg.n}-gram overlap with {hit[0]} example {hit[1]}: '{hit[2]}'")
+
+
+@register_step("generate")
+class Generate(Step):
+    """n sampled responses per prompt from a teacher, each its own request with its own seed.
+
+    `teacher` is a role name, or a mapping {category: role, default: role} that routes by the
+    row's category (LN §3.2: general-domain prompts to the general instruct teacher).
+    `mode` sets the reasoning toggle: the teacher gets `system` (default: the toggle literal) and
+    records carry the literal `detailed thinking on|off`.
+    """
+
+    class Config(_Cfg):
+        field: str
+        teacher: str | dict[str, str]
+        mode: Mode | None = None
+        system: str | None = None
+        template: str = "{prompt}"
+        n: int = 1
+        params: dict[str, Any] = Field(default_factory=dict)
+        logprobs: bool = False
+        top_logprobs: int = 0
+        return_token_ids: bool = False
+        json_schema: dict[str, Any] | None = None
+
+    def role_for(self, row: Row) -> str:
+        t = self.cfg.teacher
+        if isinstance(t, str):
+            return t
+        cat = str(row.fields.get("category") or "")
+        if cat in t:
+            return t[cat]
+        if "default" not in t:
+            raise ValueError(f"step {self.name}: no teacher for category {cat!r} and no 'default'")
+        return t["default"]
+
+    def messages(self, row: Row) -> list[dict[str, Any]]:
+        msgs = []
+        system = self.cfg.system if self.cfg.system is not None else (TOGGLE[self.cfg.mode] if self.cfg.mode else None)
+        if system:
+            msgs.append({"role": "system", "content": _format(system, row.fields)})
+        msgs.append({"role": "user", "content": _format(self.cfg.template, row.fields)})
+        return msgs
+
+    async def apply(self, row: Row) -> None:
+        role = self.role_for(row)
+        backend = self.env.backend(role)
+        tcfg = backend.cfg
+        msgs = self.messages(row)
+        reqs = [ChatRequest(messages=msgs, params=dict(self.cfg.params),
+                            seed=derive_seed(self.env.seed, row.id, self.cfg.field, i),
+                            logprobs=self.cfg.logprobs, top_logprobs=self.cfg.top_logprobs,
+                            return_token_ids=self.cfg.return_token_ids, json_schema=self.cfg.json_schema)
+                for i in range(self.cfg.n)]
+        try:
+            results = await asyncio.gather(*(backend.complete(r) for r in reqs))
+        except RetriesExhausted as e:
+            raise RowError(f"prompt {row.id}: teacher '{role}' ({tcfg.model}) failed: {e}") from e
+        except RequestRejected:
+            raise
+        cands = row.candidates.setdefault(self.cfg.field, [])
+        p = self.cfg.params
+        for i, (req, res) in enumerate(zip(reqs, results)):
+            row.usage["requests"] += 1
+            row.usage["cached"] += int(res.cached)
+            row.usage["prompt_tokens"] += res.prompt_tokens
+            row.usage["completion_tokens"] += res.completion_tokens
+            cands.append(Candidate(
+                field=self.cfg.field, index=len(cands), text=res.content, teacher_role=role, mode=self.cfg.mode,
+                result=res,
+                teacher={"model": tcfg.model, "role": role, "engine": tcfg.engine, "temperature": p.get("temperature"),
+                         "top_p": p.get("top_p"), "top_k": p.get("top_k"), "max_tokens": p.get("max_tokens"),
+                         "seed": req.seed, "logprobs_mode": tcfg.logprobs_mode, "precision": tcfg.precision}))
+        self.count(row, len(reqs), len(results))
+
+
+@register_step("parse_reasoning")
+class ParseReasoning(Step):
+    """Check the toggle format (LN testable 1, 23) and split think / final answer."""
+
+    class Config(_Cfg):
+        field: str
+        mode: Mode | None = None    # default: the mode the candidates were generated in
+
+    async def apply(self, row: Row) -> None:
+        alive = self.alive(row, self.cfg.field)
+        kept = 0
+        for c in alive:
+            mode = self.cfg.mode or c.mode
+            if mode is None:
+                raise ValueError(f"step {self.name}: field '{self.cfg.field}' has no mode; set mode: on|off")
+            parsed = parse_reasoning(c.text, mode)
+            c.parsed["think"] = parsed.think
+            c.parsed["answer_text"] = parsed.answer
+            if parsed.ok:
+                kept += 1
+            else:
+                self.reject(row, c, parsed.problem)
+        self.count(row, len(alive), kept)
+
+
+@register_step("filter")
+class Filter(Step):
+    """Rule filters on candidates: truncated (finish_reason=length), length bounds, forbidden
+    substrings, a required regex."""
+
+    class Config(_Cfg):
+        field: str
+        drop_truncated: bool = True
+        min_chars: int = 1
+        max_chars: int | None = None
+        must_not_contain: list[str] = Field(default_factory=list)
+        must_match: str | None = None
+
+    async def apply(self, row: Row) -> None:
+        alive = self.alive(row, self.cfg.field)
+        kept = 0
+        pat = re.compile(self.cfg.must_match, re.S) if self.cfg.must_match else None
+        for c in alive:
+            why = None
+            if self.cfg.drop_truncated and c.result is not None and c.result.finish_reason == "length":
+                why = "truncated at max_tokens (finish_reason=length)"
+            elif len(c.text.strip()) < self.cfg.min_chars:
+                why = f"shorter than {self.cfg.min_chars} chars"
+            elif self.cfg.max_chars is not None and len(c.text) > self.cfg.max_chars:
+                why = f"longer than {self.cfg.max_chars} chars"
+            elif any(s in c.text for s in self.cfg.must_not_contain):
+                why = "contains a forbidden substring: " + next(s for s in self.cfg.must_not_contain if s in c.text)
+            elif pat is not None and not pat.search(c.text):
+                why = f"does not match {self.cfg.must_match!r}"
+            if why:
+                self.reject(row, c, why)
+            else:
+                kept += 1
+        self.count(row, len(alive), kept)
+
+
+JUDGE_TEMPLATE = (
+    "You are grading an answer.\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\n"
+    "Candidate answer:\n{response}\n\nIs the candidate's final answer equivalent to the reference? "
+    "Reply with a JSON object {{\"verdict\": true}} or {{\"verdict\": false}}.")
+JUDGE_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "boolean"}, "score": {"type": "number"}},
+                "required": ["verdict"]}
+
+
+def parse_judge_verdict(text: str) -> tuple[bool | None, float | None]:
+    """A judge's verdict from JSON (`{"verdict": true, "score": 4}`) or plain text
+    (True/False, yes/no, `score: N`); (None, None) when unparseable (LN testable 24)."""
+    try:
+        obj = json.loads(text.strip().strip("`").removeprefix("json").strip())
+        if isinstance(obj, dict):
+            v = obj.get("verdict")
+            s = obj.get("score")
+            return (bool(v) if isinstance(v, bool) else None), (float(s) if isinstance(s, (int, float)) else None)
+    except (json.JSONDecodeError, ValueError):
+        pass
+    low = text.strip().lower()
+    m = re.search(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", low)
+    score = float(m.group(1)) if m else None
+    if re.match(r"^\W*(true|yes|correct|equivalent)\b", low):
+        return True, score
+    if re.match(r"^\W*(false|no|incorrect|not equivalent)\b", low):
+        return False, score
+    return None, score
+
+
+class JudgeSpec(_Cfg):
+    teacher: str
+    template: str = JUDGE_TEMPLATE
+    constrained: bool = True            # ask for JSON-schema constrained output
+    min_score: float | None = None      # reward mode: admit when score >= min_score
+    params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 64})
+
+
+async def judge_candidates(step: Step, row: Row, cands: list[Candidate], spec: JudgeSpec,
+                           reference: Any, answer_key: str = "answer_text") -> list[tuple[bool | None, float | None]]:
+    backend = step.env.backend(spec.teacher)
+    reqs = []
+    for c in cands:
+        fields = dict(row.fields, question=row.prompt, reference="" if reference is None else reference,
+                      response=c.parsed.get(answer_key) or c.text)
+        reqs.append(ChatRequest(messages=[{"role": "user", "content": _format(spec.template, fields)}],
+                                params=dict(spec.params), seed=derive_seed(step.env.seed, row.id, step.name, c.field, c.index),
+                                json_schema=JUDGE_SCHEMA if spec.constrained else None))
+    try:
+        results = await asyncio.gather(*(backend.complete(r) for r in reqs))
+    except RetriesExhausted as e:
+        raise RowError(f"prompt {row.id}: judge '{spec.teacher}' failed: {e}") from e
+    out = []
+    for res in results:
+        row.usage["requests"] += 1
+        row.usage["cached"] += int(res.cached)
+        row.usage["prompt_tokens"] += res.prompt_tokens
+        row.usage["completion_tokens"] += res.completion_tokens
+        out.append(parse_judge_verdict(res.content))
+    return out
+
+
+@register_step("verify")
+class Verify(Step):
+    """Verify candidates against the row's reference with a registered verifier (math, mcq,
+    exact, ...). Without a reference: `fallback: majority_vote` makes the most common answer over
+    the pooled candidates the reference (LN §2.1; `answer_source: majority_vote`), `fallback:
+    judge` asks a judge endpoint, `none` drops the prompt."""
+
+    class Config(_Cfg):
+        fields: list[str]
+        method: str = "math"
+        reference_field: str = "reference"
+        fallback: Literal["none", "majority_vote", "judge"] = "none"
+        vote_fields: list[str] | None = None
+        min_votes: int = 2
+        judge: JudgeSpec | None = None
+
+    async def apply(self, row: Row) -> None:
+        verifier = get_verifier(self.cfg.method)
+        ref = row.fields.get(self.cfg.reference_field)
+        answer_source = row.fields.get("answer_source") or "reference"
+        if ref is None or (isinstance(ref, str) and not ref.strip()):
+            if self.cfg.fallback == "majority_vote":
+                extract = ANSWER_EXTRACTORS.get(self.cfg.method, ANSWER_EXTRACTORS["math"])
+                key = ANSWER_KEYS.get(self.cfg.method, ANSWER_KEYS["math"])
+                pool = [c for f in (self.cfg.vote_fields or self.cfg.fields) for c in self.alive(row, f)]
+                answers = [extract(c.parsed.get("answer_text") or c.text) for c in pool]
+                ref, votes = majority_answer(answers, key)
+                if ref is None or votes < self.cfg.min_votes:
+                    self.count(row, len(pool), 0)
+                    row.drop(self.name, f"no reference and no majority answer (best has {votes} votes, "
+                                        f"need {self.cfg.min_votes})")
+                    return
+                row.fields[self.cfg.reference_field] = ref
+                row.fields["answer_source"] = answer_source = "majority_vote"
+                row.fields["majority_votes"] = votes
+            elif self.cfg.fallback == "judge":
+                await self._judge_all(row, None)
+                return
+            else:
+                n = sum(len(self.alive(row, f)) for f in self.cfg.fields)
+                self.count(row, n, 0)
+                row.drop(self.name, f"no reference answer in field '{self.cfg.reference_field}'")
+                return
+        else:
+            row.fields.setdefault("answer_source", "reference")
+        n_in = kept = 0
+        for f in self.cfg.fields:
+            for c in self.alive(row, f):
+                n_in += 1
+                out = verifier(c.parsed.get("answer_text") or c.text, ref, row.fields)
+                c.parsed["extracted"] = out.extracted
+                c.verification = Verification(method=self.cfg.method, verdict=out.passed, score=out.score,
+                                              rule=answer_source, detail=out.detail or None)
+                if out.passed:
+                    kept += 1
+                else:
+                    self.reject(row, c, out.detail or "wrong answer")
+        self.count(row, n_in, kept)
+
+    async def _judge_all(self, row: Row, ref: Any) -> None:
+        if self.cfg.judge is None:
+            raise ValueError(f"step {self.name}: fallback judge needs a `judge:` spec")
+        await Judge.judge_fields(self, row, self.cfg.fields, self.cfg.judge, ref)
+
+
+@register_step("judge")
+class Judge(Step):
+    """Ask a judge (or reward) endpoint about each candidate: binary verdict, or a score with
+    `min_score` (rejection sampling with a reward model, LN §2.4)."""
+
+    class Config(JudgeSpec):
+        fields: list[str]
+        reference_field: str = "reference"
+
+    async def apply(self, row: Row) -> None:
+        await self.judge_fields(self, row, self.cfg.fields, self.cfg, row.fields.get(self.cfg.reference_field))
+
+    @staticmethod
+    async def judge_fields(step: Step, row: Row, fields: list[str], spec: JudgeSpec, ref: Any) -> None:
+        cands = [c for f in fields for c in step.alive(row, f)]
+        verdicts = await judge_candidates(step, row, cands, spec, ref)
+        model = step.env.backend(spec.teacher).cfg.model
+        kept = 0
+        for c, (verdict, score) in zip(cands, verdicts):
+            if spec.min_score is not None:
+                ok = score is not None and score >= spec.min_score
+                rule = f"reward>={spec.min_score:g}:{model}"
+            else:
+                ok = bool(verdict)
+                rule = f"judge:{model}"
+            c.verification = Verification(method="reward" if spec.min_score is not None else "judge", verdict=ok,
+                                          score=score, rule=rule,
+                                          detail=None if verdict is not None or score is not None else "unparseable judge reply")
+            if ok:
+                kept += 1
+            else:
+                step.reject(row, c, "judge: unparseable reply" if (verdict is None and score is None) else "judge said no")
+        step.count(row, len(cands), kept)
+        row.fields.setdefault("answer_source", "judge")
+
+
+def sft_record(step: Step, row: Row, c: Candidate, pair_id: str | None = None, pair_role: str | None = None) -> SynthRecord:
+    gen = step.env.generator
+    msgs = []
+    if c.mode:
+        msgs.append(Message(role="system", content=TOGGLE[c.mode]))
+    msgs.append(Message(role="user", content=row.prompt))
+    msgs.append(Message(role="assistant", content=c.text.strip()))
+    t = {k: v for k, v in c.teacher.items() if k in TeacherInfo.model_fields}
+    return SynthRecord(
+        id=stable_id(gen.generator, row.id, c.field, c.index, pair_role or "single"),
+        kind="sft", generator=gen.generator, prompt_id=row.id, source=str(row.fields.get("source") or ""),
+        category=str(row.fields.get("category") or gen.category), license=gen.license,
+        messages=msgs, system=TOGGLE[c.mode] if c.mode else None, reasoning=c.mode,  # type: ignore[arg-type]
+        pair_id=pair_id, pair_role=pair_role, teacher=TeacherInfo(**t), verification=c.verification,  # type: ignore[arg-type]
+        answer_source=row.fields.get("answer_source"),
+        meta={"reference": row.fields.get("reference"), "finish_reason": c.result.finish_reason if c.result else None})
+
+
+@register_step("pair")
+class Pair(Step):
+    """Llama-Nemotron §3.2 toggle pairs: when both modes have a verified response, one strict pair
+    (same `pair_id`, `pair_role` on/off: the first passing sample of each side); the other passing
+    samples become mode-specific bulk records (no pair_id), as LN's math off-mode data is."""
+
+    class Config(_Cfg):
+        on_field: str = "reasoning"
+        off_field: str = "direct"
+        bulk_on: bool = False
+        bulk_off: bool = True
+        max_bulk_per_prompt: int | None = None
+
+    async def apply(self, row: Row) -> None:
+        on, off = self.alive(row, self.cfg.on_field), self.alive(row, self.cfg.off_field)
+        n_in = len(on) + len(off)
+        out: list[SynthRecord] = []
+        used: set[int] = set()
+        if on and off:
+            pid = stable_id(self.env.generator.generator, row.id, "pair")
+            out += [sft_record(self, row, on[0], pid, "on"), sft_record(self, row, off[0], pid, "off")]
+            used = {id(on[0]), id(off[0])}
+        bulk = [c for c in (on if self.cfg.bulk_on else []) + (off if self.cfg.bulk_off else []) if id(c) not in used]
+        if self.cfg.max_bulk_per_prompt is not None:
+            bulk = bulk[: self.cfg.max_bulk_per_prompt]
+        out += [sft_record(self, row, c) for c in bulk]
+        row.records += out
+        row.fields["strict_pair"] = bool(on and off)
+        self.count(row, n_in, len(out))
+
+
+@register_step("format_sft")
+class FormatSft(Step):
+    """One SFT record per surviving candidate of `field` (single-mode generators)."""
+
+    class Config(_Cfg):
+        field: str
+        max_per_prompt: int | None = None
+
+    async def apply(self, row: Row) -> None:
+        alive = self.alive(row, self.cfg.field)
+        keep = alive[: self.cfg.max_per_prompt] if self.cfg.max_per_prompt is not None else alive
+        row.records += [sft_record(self, row, c) for c in keep]
+        self.count(row, len(alive), len(keep))
+
+
+@register_step("pass_rate")
+class PassRate(Step):
+    """Pass rate over the k samples of `field` (every sample counts: one rejected for format or
+    truncation is a failure), then LN §6.1's difficulty filter."""
+
+    class Config(_Cfg):
+        field: str
+        max_pass_rate: float = 0.75
+        min_pass_rate: float | None = None
+        drop_never_solved: bool = False
+
+    async def apply(self, row: Row) -> None:
+        cands = row.candidates.get(self.cfg.field, [])
+        if not cands:
+            raise ValueError(f"step {self.name}: no samples in field '{self.cfg.field}' (generate them first)")
+        verdicts = [c.alive and c.verification is not None and c.verification.verdict for c in cands]
+        rate = rl.pass_rate(verdicts)
+        row.fields["pass_rate"] = rate
+        row.fields["n_samples"] = len(cands)
+        row.fields["estimator"] = cands[0].teacher.get("model", "")
+        why = rl.difficulty_filter(rate, self.cfg.max_pass_rate, self.cfg.min_pass_rate, self.cfg.drop_never_solved)
+        self.count(row, 1, 0 if why else 1)
+        if why:
+            row.drop(self.name, why)
+
+
+@register_step("format_rl")
+class FormatRl(Step):
+    """An `rl_prompt` record (prompt, reference, verifier, pass rate, estimator) and, with
+    `rollouts: true`, one `rl_rollout` record per sample with token ids, logprobs and provenance."""
+
+    class Config(_Cfg):
+        field: str
+        verifier: str = "math"
+        rollouts: bool = True
+        max_context: int | None = None
+
+    async def apply(self, row: Row) -> None:
+        gen = self.env.generator
+        cands = row.candidates.get(self.cfg.field, [])
+        common = dict(generator=gen.generator, prompt_id=row.id, source=str(row.fields.get("source") or ""),
+                      category=str(row.fields.get("category") or gen.category), license=gen.license,
+                      prompt=row.prompt, reference=None if row.fields.get("reference") is None else str(row.fields["reference"]),
+                      verifier=self.cfg.verifier, pass_rate=row.fields.get("pass_rate"),
+                      n_samples=row.fields.get("n_samples"), estimator=row.fields.get("estimator"),
+                      answer_source=row.fields.get("answer_source"))
+        out = [SynthRecord(id=stable_id(gen.generator, row.id, "rl_prompt"), kind="rl_prompt", **common)]
+        if self.cfg.rollouts:
+            for c in cands:
+                if c.result is None:
+                    continue
+                passed = bool(c.alive and c.verification is not None and c.verification.verdict)
+                ro = rl.rollout_fields(c.result, c.teacher, {"temperature": c.teacher.get("temperature"),
+                                                             "top_p": c.teacher.get("top_p"), "top_k": c.teacher.get("top_k")},
+                                       c.teacher.get("seed"), self.cfg.max_context)
+                t = {k: v for k, v in c.teacher.items() if k in TeacherInfo.model_fields}
+                out.append(SynthRecord(
+                    id=stable_id(gen.generator, row.id, c.field, c.index, "rollout"), kind="rl_rollout", **common,
+                    messages=[Message(role="user", content=row.prompt), Message(role="assistant", content=c.text)],
+                    teacher=TeacherInfo(**t), verification=c.verification, reward=1.0 if passed else 0.0,
+                    rollout=Rollout(**ro), meta={"rejected_by": c.reason or None}))
+        row.records += out
+        self.count(row, len(cands), len(out))
+
+
+# ---- dataset-level steps ------------------------------------------------------------------------
+
+@register_post_step("clean")
+class Clean(PostStep):
+    """Empty conversations, exact duplicates, and n-gram overlap with evaluation sets."""
+
+    class Config(_Cfg):
+        evals: list[dict[str, Any]] = Field(default_factory=list)
+        n: int = 13
+        roles: list[str] = Field(default_factory=lambda: ["user", "assistant"])
+        drop_duplicates: bool = True
+        drop_empty: bool = True
+
+    def apply(self, records: list[SynthRecord]) -> tuple[list[SynthRecord], list[dict[str, Any]]]:
+        idx = self.env.eval_index(self.cfg.evals, self.cfg.n) if self.cfg.evals else None
+        kept, removals = clean_records(records, idx, tuple(self.cfg.roles), self.cfg.drop_duplicates, self.cfg.drop_empty)
+        # a removed half of a strict pair takes the other half with it (pairs appear exactly twice)
+        gone_pairs = {r.pair_id for r in records if r.pair_id and r.id in {x["id"] for x in removals}}
+        if gone_pairs:
+            orphan = [r for r in kept if r.pair_id in gone_pairs]
+            removals += [{"id": r.id, "prompt_id": r.prompt_id, "reason": "pair_partner_removed", "pair_id": r.pair_id}
+                         for r in orphan]
+            kept = [r for r in kept if r.pair_id not in gone_pairs]
+        for r in removals:
+            r["step"] = self.name
+        self.summary = removal_summary(removals)
+        return kept, removals
+
+
+@register_post_step("curriculum")
+class Curriculum(PostStep):
+    """Order `rl_prompt` records easy -> hard, or in LN §6.2 Gaussian-target batches; each gets
+    `curriculum_rank` (and `meta.batch`). Rollouts follow their prompt's order."""
+
+    class Config(_Cfg):
+        order: Literal["easy_to_hard", "gaussian_batches"] = "easy_to_hard"
+        batch_size: int = 64
+        sigma: float = 0.15
+        mu_start: float | None = None
+        mu_end: float | None = None
+        seed: int | None = None
+
+    def apply(self, records: list[SynthRecord]) -> tuple[list[SynthRecord], list[dict[str, Any]]]:
+        seed = self.env.seed if self.cfg.seed is None else self.cfg.seed
+        prompts = [r for r in records if r.kind == "rl_prompt"]
+        items = [(r.prompt_id, float(r.pass_rate or 0.0)) for r in prompts]
+        batch_of: dict[str, int] = {}
+        if self.cfg.order == "easy_to_hard":
+            order = rl.order_easy_to_hard(items, seed)
+        else:
+            batches = rl.gaussian_curriculum_batches(items, self.cfg.batch_size, self.cfg.sigma,
+                                                     self.cfg.mu_start, self.cfg.mu_end, seed)
+            order = [i for b in batches for i in b]
+            batch_of = {i: bi for bi, b in enumerate(batches) for i in b}
+        rank = {pid: k for k, pid in enumerate(order)}
+        out: list[SynthRecord] = []
+        by_prompt: dict[str, list[SynthRecord]] = {}
+        for r in records:
+            by_prompt.setdefault(r.prompt_id, []).append(r)
+        for pid in order:
+            for r in by_prompt.pop(pid, []):
+                r = r.model_copy(update={"curriculum_rank": rank[pid],
+                                         "meta": dict(r.meta, **({"batch": batch_of[pid]} if pid in batch_of else {}))})
+                out.append(r)
+        for rest in by_prompt.values():        # non-RL records keep their order, after the curriculum
+            out += rest
+        self.summary = {"order": self.cfg.order, "n_prompts": len(order)}
+        return out, []
