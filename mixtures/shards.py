@@ -340,6 +340,44 @@ class ShardFileWriter:
         if not math.isnan(rank):
             self._rank_by_comp[component] = self._rank_by_comp.get(component, 0.0) + rank * n
 
+    def add_many(self, flat: np.ndarray, lengths: np.ndarray, doc_ids: Sequence[str], components: Sequence[str],
+                 buckets: np.ndarray, ranks: np.ndarray, copies: np.ndarray) -> None:
+        """Append documents given as one flat token array (each already ending with EOS) and their
+        lengths: the fast path of materialization (pretraining only, no loss mask)."""
+        if self.with_mask:
+            raise ValueError("add_many writes no loss mask; use add() for SFT shards")
+        flat = np.asarray(flat)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if flat.size != int(lengths.sum()) or np.any(lengths <= 0):
+            raise ValueError("flat tokens and lengths disagree (or a document has no tokens)")
+        if flat.dtype != self.dtype:
+            if flat.size and (int(flat.min()) < 0 or int(flat.max()) > self._max_id):
+                raise ValueError(f"token id outside [0, {self._max_id}] for dtype {dtype_name(self.dtype)}")
+            flat = flat.astype(self.dtype)
+        data = flat.tobytes()
+        self._fh.write(data)
+        self._hash.update(data)
+        starts = self._n_tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]]) if lengths.size else lengths
+        rows = self._rows
+        rows["token_start"].extend(starts.tolist())
+        rows["n_tokens"].extend(lengths.tolist())
+        rows["doc_id"].extend(str(d) for d in doc_ids)
+        rows["component"].extend(components)
+        rows["bucket"].extend(np.asarray(buckets, dtype=np.int64).tolist())
+        ranks = np.asarray(ranks, dtype=np.float64)
+        rows["rank"].extend(ranks.tolist())
+        rows["copy"].extend(np.asarray(copies, dtype=np.int64).tolist())
+        rows["n_loss_tokens"].extend([0] * lengths.size)
+        self._n_tokens += int(lengths.sum())
+        comps = np.asarray(components, dtype=object)
+        for c in dict.fromkeys(components):
+            m = comps == c
+            self._tok_by_comp[c] = self._tok_by_comp.get(c, 0) + int(lengths[m].sum())
+            r = ranks[m]
+            ok = ~np.isnan(r)
+            if ok.any():
+                self._rank_by_comp[c] = self._rank_by_comp.get(c, 0.0) + float((r[ok] * lengths[m][ok]).sum())
+
     @property
     def n_tokens(self) -> int:
         return self._n_tokens
