@@ -57,12 +57,28 @@ def preference_key(scores: np.ndarray | None, higher_is_better: bool, n: int | N
     return np.where(np.isnan(key), -np.inf, key) + 0.0   # + 0.0 turns -0.0 into 0.0
 
 
-def preference_order(key: np.ndarray, tiebreak: np.ndarray, ids: Sequence[str] | None = None) -> np.ndarray:
-    """Indices that sort documents by (key, tiebreak[, id]) ascending: the within-component order."""
+def preference_order(key: np.ndarray, tiebreak: np.ndarray, ids: Sequence[str] | None = None,
+                     copies: np.ndarray | None = None) -> np.ndarray:
+    """Indices that sort documents by (key, tiebreak[, id[, copy]]) ascending: the within-component
+    order. Strings compare by code point, which is also the UTF-8 byte order engines use."""
     cols = [np.asarray(tiebreak, dtype=np.uint64), np.asarray(key, dtype=np.float64)]
     if ids is not None:
         cols.insert(0, np.asarray(ids, dtype=object).astype(str))
+    if copies is not None:
+        cols.insert(0, np.asarray(copies, dtype=np.int64))
     return np.lexsort(cols)
+
+
+def seeded_order(keys: np.ndarray, ids: Sequence[str]) -> np.ndarray:
+    """Indices that sort by a seeded key, ties (64-bit collisions) broken by id: a seeded permutation."""
+    return np.lexsort((np.asarray(ids, dtype=object).astype(str), np.asarray(keys, dtype=np.uint64)))
+
+
+def rank_token_sum(prefix: np.ndarray, n_tokens: np.ndarray, total: int) -> float:
+    """sum over documents of r(d) * n(d), computed exactly as sum(prefix * n) / total (Python
+    integers, one correctly rounded division), so any engine and any summation order agree."""
+    s = sum(int(p) * int(n) for p, n in zip(np.asarray(prefix).tolist(), np.asarray(n_tokens).tolist()))
+    return s / int(total) if total else 0.0
 
 
 # ---- rank by token mass ------------------------------------------------------------------------
@@ -164,10 +180,10 @@ def repeat_copies(n_tokens_hash_order: np.ndarray, budget: int, dup_count: np.nd
     """How many times each retained document appears so a component reaches `budget` tokens.
 
     Arrays are in the component's seeded budget order. Below the retained mass: a seeded subset
-    (copies 0/1, `take_budget`). Above it, every document appears floor(B/T) times and the seeded
-    first documents once more for the remainder; with `dup_count` (dedup cluster sizes), extra
-    copies go first to documents that were duplicated in the raw data, up to dup_count - 1 extra
-    copies each, in rounds (the remainder, if any, falls back to whole passes).
+    (copies 0/1, `take_budget`). Above it, with `dup_count` (dedup cluster sizes) extra copies go
+    first to documents that were duplicated in the raw data, up to dup_count - 1 extra copies
+    each, in rounds (`dup_round_take`); what remains is whole passes plus the seeded first
+    documents once more (`pass_copies`).
     """
     n = np.asarray(n_tokens_hash_order, dtype=np.int64)
     total = int(n.sum())
@@ -182,17 +198,27 @@ def repeat_copies(n_tokens_hash_order: np.ndarray, budget: int, dup_count: np.nd
             eligible = d > j
             if not eligible.any():
                 break
-            mass = np.where(eligible, n, 0)
-            take = eligible & (exclusive_cumsum(mass) < extra)
+            take = dup_round_take(eligible, exclusive_cumsum(np.where(eligible, n, 0)), extra)
             copies += take
             extra -= int(n[take].sum())
             j += 1
     if extra > 0:
-        passes, rem = divmod(extra, total)
-        copies += passes
-        if rem:
-            copies += take_budget(exclusive_cumsum(n), rem).astype(np.int64)
+        copies += pass_copies(exclusive_cumsum(n), total, extra)
     return copies
+
+
+def dup_round_take(eligible: np.ndarray, prefix_eligible: np.ndarray, extra: int) -> np.ndarray:
+    """Round j of dup_count-aware repetition: documents with dup_count > j, in budget order, while
+    the round's extra mass is below what is still missing (`prefix_eligible` is the exclusive
+    prefix of the eligible documents' tokens)."""
+    return np.asarray(eligible, dtype=bool) & (np.asarray(prefix_eligible, dtype=np.int64) < extra)
+
+
+def pass_copies(prefix: np.ndarray, total: int, extra: int) -> np.ndarray:
+    """Extra copies from whole passes over a component of `total` tokens: floor(extra / total)
+    for every document, plus one for the documents starting in the remainder."""
+    passes, rem = divmod(int(extra), int(total))
+    return passes + (np.asarray(prefix, dtype=np.int64) < rem).astype(np.int64)
 
 
 def expand_copies(copies: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -236,26 +236,41 @@ def stream_plan(spec: MixtureSpec, planned: Planned, phase: str | None, order: s
 
 def component_uses(spec: MixtureSpec, planned: Planned, plan: StreamPlan, opened: dict[str, Component],
                    spill_records: dict[str, dict[str, Any]], phase: str | None) -> list[ComponentUse]:
+    """The local engine's figures for `component_uses_from`."""
+    names = [c.name for c in spec.components]
+    used = {}
+    for i, n in enumerate(names):
+        m = plan.comp == i
+        used[n] = (int(m.sum()), int(plan.n_tokens[m].sum()))
+    retained = {n: (int(planned.retained[n].sum()), int(planned.comps[n].n_tokens[planned.retained[n]].sum()))
+                for n in names}
+    held = {n: int(planned.held[n].sum()) for n in names}
+    present = {plan.labels[i].removeprefix("replay:") for i in np.unique(plan.label)} if plan.label.size else set()
+    details = planned.pools[phase].details if phase is not None else None
+    return component_uses_from(spec, phase, paths={n: str(opened[n].directory) for n in names}, records=spill_records,
+                               retained=retained, held_out=held, used=used, phase_details=details, present=present)
+
+
+def component_uses_from(spec: MixtureSpec, phase: str | None, *, paths: dict[str, str],
+                        records: dict[str, dict[str, Any]], retained: dict[str, tuple[int, int]],
+                        held_out: dict[str, int], used: dict[str, tuple[int, int]],
+                        phase_details: dict[str, dict[str, Any]] | None, present: set[str]) -> list[ComponentUse]:
+    """The manifest's per-component rows from counts any engine can aggregate."""
+    wanted = set(present) | (set(spec.phase(phase).components) if phase is not None else set())
     out = []
-    used_names = {plan.labels[i].removeprefix("replay:") for i in np.unique(plan.label)} if plan.label.size else set()
-    if phase is not None:
-        used_names |= set(spec.phase(phase).components)
     for c in spec.components:
-        if c.name not in used_names:
+        if c.name not in wanted:
             continue
-        cols = planned.comps[c.name]
-        m = plan.comp == [x.name for x in spec.components].index(c.name)
-        rec = spill_records[c.name]
+        rec = records[c.name]
         details = {"score_field": c.score_field, "higher_is_better": c.higher_is_better, "repeat": c.repeat,
-                   "order_seed": c.order_seed, "retention": planned.retention_details[c.name],
-                   "quarantined": rec["quarantined"], "n_docs_held_out": int(planned.held[c.name].sum())}
-        if phase is not None and c.name in planned.pools[phase].details:
-            details["phase"] = planned.pools[phase].details[c.name]
+                   "order_seed": c.order_seed, "retention": c.retention.model_dump(mode="json"),
+                   "quarantined": rec["quarantined"], "n_docs_held_out": held_out[c.name]}
+        if phase_details is not None and c.name in phase_details:
+            details["phase"] = phase_details[c.name]
         out.append(ComponentUse(
-            name=c.name, path=str(opened[c.name].directory), manifest_sha256=rec["component_manifest_sha256"],
-            n_docs_read=rec["n_docs_read"], n_docs_retained=int(planned.retained[c.name].sum()),
-            n_tokens_retained=int(cols.n_tokens[planned.retained[c.name]].sum()),
-            n_docs_used=int(m.sum()), n_tokens_used=int(plan.n_tokens[m].sum()), details=details))
+            name=c.name, path=paths[c.name], manifest_sha256=rec["component_manifest_sha256"],
+            n_docs_read=rec["n_docs_read"], n_docs_retained=retained[c.name][0], n_tokens_retained=retained[c.name][1],
+            n_docs_used=used[c.name][0], n_tokens_used=used[c.name][1], details=details))
     return out
 
 

@@ -60,7 +60,9 @@ class Pool:
     n_tokens: np.ndarray      # int64
     rank: np.ndarray          # float64
     bucket: np.ndarray        # int64
+    prefix: np.ndarray        # int64 tokens before the document in its component's order
     bucket_count: int
+    comp_total: dict[int, int] = field(default_factory=dict)           # tokens used per component
     details: dict[str, dict[str, Any]] = field(default_factory=dict)   # per component
 
     def __len__(self) -> int:
@@ -122,7 +124,7 @@ def within_component_order(c: ComponentSpec, cols: ComponentColumns, rows: np.nd
     scores = None if c.score_field is None else cols.scores[rows]
     key = cm.preference_key(scores, c.higher_is_better, n=len(rows))
     tie = order_tiebreak(c, cols.uids[rows], copies)
-    return cm.preference_order(key, tie, cols.uids[rows])
+    return cm.preference_order(key, tie, cols.uids[rows], copies)
 
 
 def retention_mask(c: ComponentSpec, cols: ComponentColumns, eligible: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
@@ -144,7 +146,7 @@ def retention_mask(c: ComponentSpec, cols: ComponentColumns, eligible: np.ndarra
         keep[rows[order]] = cm.in_rank_band(prefix, total, low, high)
         details["rank_band"] = [low, high]
     elif rule.rule == "random_tokens":
-        order = np.argsort(cm.doc_keys(cols.uids[rows], rule.seed, salt="retain"), kind="stable")
+        order = cm.seeded_order(cm.doc_keys(cols.uids[rows], rule.seed, salt="retain"), cols.uids[rows])
         prefix = cm.exclusive_cumsum(cols.n_tokens[rows][order])
         keep[rows[order]] = cm.take_budget(prefix, rule.n_tokens)
     return keep, details
@@ -168,7 +170,8 @@ def plan_phase_pool(spec: MixtureSpec, phase: PhaseSpec, comps: dict[str, Compon
     for n in names:
         c, cols = spec.component(n), comps[n]
         rows = np.flatnonzero(retained[n])
-        order = np.argsort(cm.doc_keys(cols.uids[rows], spec.seeds.budget, salt=f"budget:{phase.name}"), kind="stable")
+        order = cm.seeded_order(cm.doc_keys(cols.uids[rows], spec.seeds.budget, salt=f"budget:{phase.name}"),
+                                cols.uids[rows])
         rows = rows[order]
         dup = cols.dup_count[rows] if (c.repeat == "dup_count" and cols.dup_count is not None) else None
         copies = cm.repeat_copies(cols.n_tokens[rows], b[n], dup)
@@ -180,11 +183,12 @@ def plan_phase_pool(spec: MixtureSpec, phase: PhaseSpec, comps: dict[str, Compon
         prefix = cm.exclusive_cumsum(n_tok)
         t_used = int(n_tok.sum())
         parts.append((np.full(rows.size, comp_index[n], dtype=np.int64), rows, copy, n_tok,
-                      cm.rank_of(prefix, t_used), cm.bucket_of(prefix, t_used, K)))
+                      cm.rank_of(prefix, t_used), cm.bucket_of(prefix, t_used, K), prefix))
         details[n] = {"budget_tokens": b[n], "n_tokens_retained": retained_tokens[n], "n_tokens_used": t_used,
                       "n_docs_used": int(rows.size), "n_repeated_docs": int((copy > 0).sum())}
-    cols_ = [np.concatenate([p[i] for p in parts]) for i in range(6)]
-    pool = Pool(*cols_, bucket_count=K, details=details)
+    cols_ = [np.concatenate([p[i] for p in parts]) for i in range(7)]
+    comp_total = {comp_index[n]: details[n]["n_tokens_used"] for n in names}
+    pool = Pool(*cols_, bucket_count=K, comp_total=comp_total, details=details)
     pool.details["_phase"] = {"n_tokens": int(pool.n_tokens.sum()), "target_tokens": total}
     return pool
 
@@ -201,7 +205,7 @@ def bucket_stats(spec: MixtureSpec, pool: Pool) -> list[CompositionStats]:
             mc = m & (pool.comp == ci)
             name = spec.components[int(ci)].name
             tokens[name] = int(pool.n_tokens[mc].sum())
-            rank_sums[name] = float((pool.rank[mc] * pool.n_tokens[mc]).sum())
+            rank_sums[name] = cm.rank_token_sum(pool.prefix[mc], pool.n_tokens[mc], pool.comp_total[int(ci)])
         out.append(composition_from_sums(cm.segment_name("curriculum", k), int(pool.n_tokens[m].sum()),
                                          int(m.sum()), tokens, rank_sums))
     return out
