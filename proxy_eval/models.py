@@ -33,7 +33,8 @@ import torch
 
 @runtime_checkable
 class TextTokenizer(Protocol):
-    eos_token_id: int | None
+    """What the scorer needs of a tokenizer: `encode`/`decode` without special tokens, and an
+    end-of-text id as `eos_token_id` (or `eos_id`, as `mixtures.tokenizers.Tokenizer` has it)."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -135,12 +136,15 @@ class CausalLMScorer(abc.ABC):
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
         self.name = name
-        pid = prefix_token_id if prefix_token_id is not None else tokenizer.eos_token_id
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(tokenizer, "eos_id", None)      # mixtures.tokenizers.Tokenizer
+        pid = prefix_token_id if prefix_token_id is not None else eos
         if pid is None:
             raise ValueError("the scorer needs a token to condition on at the start of a text: give prefix_token_id "
                              "or a tokenizer with an end-of-text token")
         self.prefix_token_id = int(pid)
-        self.eos_token_id = tokenizer.eos_token_id
+        self.eos_token_id: int | None = None if eos is None else int(eos)
         self.device = torch.device(device)
 
     @abc.abstractmethod

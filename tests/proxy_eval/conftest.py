@@ -47,3 +47,15 @@ def tiny_qwen(tokenizer):
                       tie_word_embeddings=False, rope_theta=10000.0)
     model = Qwen3ForCausalLM(cfg).eval()
     return model
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models run fastest on one thread, and far faster than on two when the CPU is shared
+    (thread oversubscription); restored afterwards for other packages' tests."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
