@@ -211,3 +211,37 @@ def load_finance_templates(path: str | os.PathLike = "finance_templates.yaml") -
     if len({t.id for t in out}) != len(out):
         raise ContractError(path, "template ids must be unique", field="templates")
     return out
+
+
+# ---- text-to-SQL --------------------------------------------------------------------------
+
+class SqlConcept(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9_]+$")
+    description: str
+
+
+class SqlTaxonomy(_Strict):
+    """Industry -> topics, SQL concept buckets, and the prompt-diversity axes (§2.10)."""
+
+    schema_: str = Field(alias="schema")
+    industries: dict[str, list[str]]
+    concepts: list[SqlConcept]
+    instruction_styles: list[str]
+    registers: list[str]
+    politeness: list[str]
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> "SqlTaxonomy":
+        for name in ("industries", "concepts", "instruction_styles", "registers", "politeness"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty")
+        empty = [k for k, v in self.industries.items() if not v]
+        if empty:
+            raise ValueError(f"industries without topics: {empty}")
+        if len({c.id for c in self.concepts}) != len(self.concepts):
+            raise ValueError("concept ids must be unique")
+        return self
+
+
+def load_sql_taxonomy(path: str | os.PathLike = "sql_taxonomy.yaml") -> SqlTaxonomy:
+    return _validate(SqlTaxonomy, _read(path), path, "sql_taxonomy/1")

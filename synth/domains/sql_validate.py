@@ -89,7 +89,6 @@ class ExecutionResult:
     rows_preview: list[list[Any]] = field(default_factory=list)
     result_sha256: str = ""
     error: str = ""
-    elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -103,7 +102,7 @@ class ExecutionResult:
 # 1. Syntax in the dialect
 # ---------------------------------------------------------------------------------------------
 
-def _short(e: Exception) -> str:
+def short_error(e: Exception) -> str:
     text = str(e).replace("\x1b[4m", "").replace("\x1b[0m", "")
     return " ".join(text.split())[:300]
 
@@ -125,7 +124,7 @@ def dialect_lint(sql: str, dialect: str) -> list[str]:
     try:
         tokens = sqlglot.tokenize(sql, read=dialect)
     except TokenError as e:
-        return [f"does not tokenize: {_short(e)}"]
+        return [f"does not tokenize: {short_error(e)}"]
     types = [t.token_type for t in tokens]
     texts = [t.text.upper() for t in tokens]
     if dialect != "postgres":
@@ -162,7 +161,7 @@ def dialect_lint(sql: str, dialect: str) -> list[str]:
         try:
             st.sql(dialect=dialect, unsupported_level=ErrorLevel.RAISE)
         except SqlglotError as e:
-            problems.append(f"not expressible in {dialect}: {_short(e)}")
+            problems.append(f"not expressible in {dialect}: {short_error(e)}")
     return sorted(set(problems))
 
 
@@ -171,7 +170,7 @@ def check_query_syntax(sql: str, dialect: str) -> Check:
     try:
         statements = parse_statements(sql, dialect)
     except (ParseError, TokenError) as e:
-        return Check("syntax", False, f"does not parse as {canonical_dialect(dialect)}: {_short(e)}")
+        return Check("syntax", False, f"does not parse as {canonical_dialect(dialect)}: {short_error(e)}")
     if len(statements) != 1:
         return Check("syntax", False, f"expected exactly one statement, found {len(statements)}")
     if not isinstance(statements[0], exp.Query):
@@ -349,16 +348,15 @@ def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_
     function SQLite lacks after transpilation); it is not evidence either way.
     """
     dialect = canonical_dialect(dialect)
-    t0 = time.perf_counter()
     try:
         con = load_sqlite(ddl, rows_sql, dialect, timeout_s=timeout_s)
     except (ValueError, ParseError, TokenError) as e:
-        return ExecutionResult("error", "sqlite", error=f"schema or rows do not load: {_short(e)}")
+        return ExecutionResult("error", "sqlite", error=f"schema or rows do not load: {short_error(e)}")
     try:
         try:
             sqlite_sql = sqlglot.transpile(query, read=dialect, write="sqlite", unsupported_level=ErrorLevel.RAISE)[0]
         except SqlglotError as e:
-            return ExecutionResult("unsupported", "sqlite", error=f"cannot transpile to SQLite: {_short(e)}")
+            return ExecutionResult("unsupported", "sqlite", error=f"cannot transpile to SQLite: {short_error(e)}")
         deadline = time.monotonic() + timeout_s
         con.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
         try:
@@ -367,7 +365,7 @@ def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_
         except sqlite3.OperationalError as e:
             msg = str(e)
             if msg == "interrupted":
-                return ExecutionResult("timeout", "sqlite", error=f"stopped after {timeout_s}s", elapsed_s=time.perf_counter() - t0)
+                return ExecutionResult("timeout", "sqlite", error=f"stopped after {timeout_s}s")
             if dialect != "sqlite" and msg.startswith("no such function"):
                 return ExecutionResult("unsupported", "sqlite", error=f"{msg} (a {dialect} function SQLite lacks)")
             return ExecutionResult("error", "sqlite", error=msg)
@@ -380,8 +378,7 @@ def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_
         return ExecutionResult(status, "sqlite", n_rows=len(rows), columns=columns,
                                rows_preview=[list(r) for r in rows[:preview_rows]],
                                result_sha256=_result_digest(columns, rows),
-                               error="" if status == "ok" else f"returned {len(rows)} rows, need at least {min_rows}",
-                               elapsed_s=round(time.perf_counter() - t0, 4))
+                               error="" if status == "ok" else f"returned {len(rows)} rows, need at least {min_rows}")
     finally:
         con.close()
 
@@ -443,7 +440,7 @@ def distractor_leaks(query: str, dialect: str, visible_schema: dict[str, dict[st
     try:
         tables, columns = query_references(query, dialect, visible_schema)
     except (OptimizeError, ParseError, TokenError) as e:
-        return [f"query does not resolve against the schema: {_short(e)}"]
+        return [f"query does not resolve against the schema: {short_error(e)}"]
     leaks = [f"table {t}" for t in sorted(tables & d_tables)]
     leaks += [f"column {t}.{c}" for t, c in sorted(columns) if (t, c) in d_cols or t in d_tables]
     return leaks
@@ -656,7 +653,7 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
         clean_tables = schema_tables(ddl, dialect)
         visible_tables = schema_tables(visible_ddl, dialect)
     except (ParseError, TokenError) as e:
-        checks.append(Check("schema", False, f"DDL does not parse as {dialect}: {_short(e)}"))
+        checks.append(Check("schema", False, f"DDL does not parse as {dialect}: {short_error(e)}"))
         return done()
     if not clean_tables:
         checks.append(Check("schema", False, "the DDL declares no table"))
@@ -666,7 +663,7 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
         query_references(query, dialect, schema_mapping(clean_tables))
         checks.append(Check("resolution", True))
     except (OptimizeError, ParseError, TokenError) as e:
-        checks.append(Check("resolution", False, f"the query does not fit the schema: {_short(e)}"))
+        checks.append(Check("resolution", False, f"the query does not fit the schema: {short_error(e)}"))
         return done()
     n_distractors = len(distractor_tables) + len(distractor_columns)
     leaks = distractor_leaks(query, dialect, schema_mapping(visible_tables), distractor_tables, distractor_columns)
