@@ -73,7 +73,9 @@ def open_scorer(path: str | os.PathLike, tokenizer: Any = None, device: str = "c
     directory. `tokenizer`: a path, a mixtures tokenizer block, or a loaded tokenizer; default: the
     model's own (HF directory) or the one recorded for the checkpoint's training data."""
     p = Path(path)
-    tok = tokenizer if (tokenizer is None or hasattr(tokenizer, "encode")) else open_tokenizer(tokenizer)
+    loaded = tokenizer is None or (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode")
+                                   and not isinstance(tokenizer, (str, bytes)))
+    tok = tokenizer if loaded else open_tokenizer(tokenizer)
     kw: dict[str, Any] = {"device": device, "name": name or p.name, "prefix_token_id": prefix_token_id}
     if is_hf_model_dir(p):
         from transformers import AutoModelForCausalLM

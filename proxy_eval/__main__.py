@@ -1,0 +1,273 @@
+"""`python -m proxy_eval <command>`
+
+  plan      --config plan.yaml [key=value ...]    slice plan (Puro's rules) + each slice as a component
+  run       --config proxy.yaml [key=value ...]   proxy continuation runs + suite + profile (resumable)
+  eval      --model PATH --suite suite.yaml --out DIR   score one trainer checkpoint or HF model directory
+  profile   --results [NAME=]results.json ... --out DIR  profile table from evaluation results
+  pca       --profile DIR --out DIR               z-scored PCA of capability vectors + biplot PNG
+  suggest   --profile DIR --plan DIR --out mixture.yaml   thresholds + a mixture spec draft
+  fit       cost|power|mpl --csv FILE             cost law, loss power law, Multi-Power Law
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from common.config import load_config, load_yaml
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def cmd_plan(args) -> int:
+    from proxy_eval.plan import PlanConfig, make_plan
+    from proxy_eval.slices import describe_plan
+
+    cfg = load_config(PlanConfig, args.config, args.overrides)
+    plan = make_plan(cfg)
+    for line in describe_plan(plan.decisions):
+        print(line)
+    print(json.dumps({"out": cfg.out, "slices": [s.name for s in plan.slices]}))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from proxy_eval.run import ProxyRunConfig, ProxyRunner
+
+    cfg = load_config(ProxyRunConfig, args.config, args.overrides)
+    manifest = ProxyRunner(cfg, progress=lambda m: print(f"[proxy] {m}", flush=True)).run()
+    from proxy_eval.profiles import read_profile
+
+    for line in read_profile(Path(cfg.out) / "profile").table_lines():
+        print(line)
+    print(json.dumps({"out": cfg.out, "steps": manifest.steps, "profile": manifest.profile}))
+    return 0
+
+
+def cmd_run_slice(args) -> int:
+    from proxy_eval.run import ProxyRunConfig, run_one_slice
+
+    cfg = ProxyRunConfig.model_validate(json.loads(Path(args.config).read_text()))
+    m = run_one_slice(cfg, args.slice)
+    print(json.dumps({"slice": m.slice, "checkpoint": m.checkpoint}))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from proxy_eval.evaluate import evaluate_suite
+    from proxy_eval.loading import open_scorer
+    from proxy_eval.tasks import SuiteConfig
+
+    suite = load_config(SuiteConfig, args.suite, args.overrides)
+    scorer = open_scorer(args.model, tokenizer=args.tokenizer, device=args.device, name=args.name,
+                         max_length=suite.max_length)
+    result = evaluate_suite(scorer, suite, batch_size=args.batch_size)
+    result.write(args.out)
+    for r in result.results:
+        print(f"{r.task:<24} {r.group:<10} {r.metric:<14} {r.value:.4f} ± {r.stderr:.4f}  (n={r.n})")
+    print(json.dumps({"out": args.out, "model": result.model}))
+    return 0
+
+
+def _results_rows(items: list[str]) -> list[dict]:
+    rows = []
+    for item in items:
+        name, _, path = item.rpartition("=")
+        p = Path(path)
+        if p.is_dir():
+            p = p / "results.json"
+        raw = json.loads(p.read_text())
+        if raw.get("schema") != "proxy_eval.results/1":
+            from common.errors import ContractError
+
+            raise ContractError(p, f"schema is {raw.get('schema')!r}, expected 'proxy_eval.results/1'", field="schema")
+        for t in raw["tasks"]:
+            rows.append({"slice": name or raw["model"], **{k: t[k] for k in ("task", "group", "format", "metric", "value",
+                                                                               "stderr", "n", "higher_is_better")}})
+    return rows
+
+
+def cmd_profile(args) -> int:
+    from proxy_eval.profiles import build_profile
+
+    profile = build_profile(_results_rows(args.results))
+    paths = profile.write(args.out)
+    for line in profile.table_lines():
+        print(line)
+    print(json.dumps(paths))
+    return 0
+
+
+def _capability_matrix(profile, level: str, exclude: set[str]):
+    table = profile.groups if level == "groups" else profile.scores
+    table = table.loc[[r for r in table.index if r not in exclude]]
+    return table
+
+
+def cmd_pca(args) -> int:
+    from proxy_eval.pca import biplot, capability_pca
+    from proxy_eval.profiles import read_profile
+    from common import atomic
+
+    profile = read_profile(args.profile)
+    table = _capability_matrix(profile, args.level, set(filter(None, args.exclude.split(","))))
+    anchors = [a for a in args.anchors.split(",") if a] if args.anchors else None
+    res = capability_pca(table.to_numpy(dtype=float), list(table.index), list(table.columns), sign_anchors=anchors)
+    out = Path(args.out)
+    png = biplot(res, out / "biplot.png")
+    atomic.write_json(out / "pca.json", {"schema": "proxy_eval.pca/1", "level": args.level, **res.to_dict()})
+    evr = ", ".join(f"PC{i + 1} {100 * v:.1f}%" for i, v in enumerate(res.explained_variance_ratio))
+    print(f"explained variance: {evr}")
+    for i, v in enumerate(res.variables):
+        print(f"  {v:<16} PC1 {res.loadings[i, 0]:+.3f}" + (f"  PC2 {res.loadings[i, 1]:+.3f}" if res.loadings.shape[1] > 1 else ""))
+    print(json.dumps({"pca": str(out / "pca.json"), "biplot": str(png)}))
+    return 0
+
+
+def _parse_weights(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        k, _, v = part.partition("=")
+        out[k.strip()] = float(v) if v else 1.0
+    return out
+
+
+def cmd_suggest(args) -> int:
+    from proxy_eval.profiles import read_profile
+    from proxy_eval.decide import suggest_from_plan
+    from common import atomic
+
+    profile = read_profile(args.profile)
+    base = load_yaml(args.base_spec) if args.base_spec else {}
+    result = suggest_from_plan(
+        profile, args.plan, emphasis=_parse_weights(args.emphasis), temperature=args.temperature,
+        budget_tokens=args.budget_tokens, max_epochs=args.max_epochs, tolerance=args.tolerance,
+        exclude=set(filter(None, args.exclude.split(","))), base_spec=base, name=args.name)
+    atomic.write_text(args.out, result["spec_yaml"])
+    report = Path(args.out).with_suffix(".json")
+    atomic.write_json(report, {k: v for k, v in result.items() if k != "spec_yaml"})
+    for c, w in sorted(result["suggestion"]["weights"].items(), key=lambda kv: -kv[1]):
+        print(f"  {c:<20} weight {w:.3f}")
+    for c, d in result["thresholds"].items():
+        print(f"  {c}: keep the top {100 * d['keep_fraction']:.3g}% ({d['limited_by']}): {d['reason']}")
+    print(json.dumps({"spec": args.out, "report": str(report)}))
+    return 0
+
+
+def cmd_fit(args) -> int:
+    from proxy_eval import fits
+
+    with open(args.csv, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if args.kind == "cost":
+        fit = fits.fit_cost_law([float(r["cost"]) for r in rows], [float(r["score"]) for r in rows], c0=args.c0)
+        out = {"law": "P = a + b*log2(C - C0)", "a": fit.a, "b": fit.b, "c0": fit.c0, "rmse": fit.rmse,
+               "inversions": {str(p): fit.invert(p) for p in (args.invert or [])}}
+    elif args.kind == "power":
+        fit = fits.fit_power_law([float(r["compute"]) for r in rows], [float(r["loss"]) for r in rows])
+        out = {"law": "L = a*C^b + c", "a": fit.a, "b": fit.b, "c": fit.c, "rmse": fit.rmse}
+    else:
+        by: dict[str, list[dict]] = defaultdict(list)
+        for r in rows:
+            by[r["curve"]].append(r)
+        curves = {}
+        for name, rs in by.items():
+            rs.sort(key=lambda r: int(r["step"]))
+            lrs = [float(r["lr"]) for r in rs]
+            obs = [(int(r["step"]), float(r["loss"])) for r in rs if r.get("loss") not in (None, "")]
+            curves[name] = fits.Curve(lrs, [s for s, _ in obs], [v for _, v in obs], args.warmup_sum, None, name)
+        held = set(args.heldout or [])
+        fit = fits.fit_mpl([c for n, c in curves.items() if n not in held])
+        out = {"law": "Multi-Power Law (Luo et al. 2025)", "params": fit.params.to_dict(), "rmse": fit.rmse,
+               "per_curve_rmse": fit.per_curve_rmse,
+               "heldout_rmse": {n: fit.heldout_rmse(curves[n]) for n in held if n in curves}}
+    _print(out)
+    if args.out:
+        from common import atomic
+
+        atomic.write_json(args.out, out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m proxy_eval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="slice plan by Puro's rules; writes each slice as a component")
+    p.add_argument("--config", required=True)
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("run", help="proxy runs over the planned slices, then the profile")
+    p.add_argument("--config", required=True)
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("run-slice", help="(internal) one slice, in a worker process")
+    p.add_argument("--config", required=True)
+    p.add_argument("--slice", required=True)
+    p.set_defaults(fn=cmd_run_slice)
+
+    p = sub.add_parser("eval", help="score a trainer checkpoint or a Hugging Face model directory")
+    p.add_argument("--model", required=True)
+    p.add_argument("--suite", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--name", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("profile", help="profile table from results.json files")
+    p.add_argument("--results", nargs="+", required=True, help="[NAME=]path/to/results.json (or its directory)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_profile)
+
+    p = sub.add_parser("pca", help="PCA of capability vectors and a biplot")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--level", choices=["groups", "tasks"], default="groups")
+    p.add_argument("--anchors", default="General,Math", help="variables that load positively on PC1, PC2, ...")
+    p.add_argument("--exclude", default="base", help="rows to leave out (comma-separated)")
+    p.set_defaults(fn=cmd_pca)
+
+    p = sub.add_parser("suggest", help="thresholds from quantile slices and a mixture spec draft")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--emphasis", default=None, help="Group=weight,... (default: all groups equally)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--budget-tokens", type=int, default=None)
+    p.add_argument("--max-epochs", type=float, default=1.0)
+    p.add_argument("--tolerance", type=float, default=0.5, help="score points a quantile slice may lose and still pay")
+    p.add_argument("--exclude", default="base")
+    p.add_argument("--base-spec", default=None, help="YAML with tokenizer, seq_len, seeds, ... for the draft")
+    p.add_argument("--name", default="proxy-suggestion")
+    p.set_defaults(fn=cmd_suggest)
+
+    p = sub.add_parser("fit", help="scaling-law fits from a CSV")
+    p.add_argument("kind", choices=["cost", "power", "mpl"])
+    p.add_argument("--csv", required=True, help="cost: cost,score | power: compute,loss | mpl: curve,step,lr,loss")
+    p.add_argument("--c0", type=float, default=1.84, help="cost law: the fixed cost C0 (Puro: $1.84K)")
+    p.add_argument("--invert", type=float, nargs="*", help="cost law: scores to invert into costs")
+    p.add_argument("--heldout", nargs="*", help="mpl: curves left out of the fit and predicted")
+    p.add_argument("--warmup-sum", type=float, default=0.0, help="mpl: S_W, the warmup learning-rate sum")
+    p.add_argument("--out", default=None)
+    p.set_defaults(fn=cmd_fit)
+
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
