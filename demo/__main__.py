@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from common import atomic
+from common.hashing import config_hash
 from demo.context import PROFILES, DemoContext
 from demo.stages import STAGES
 
@@ -23,9 +24,12 @@ def run_demo(root: Path, profile: str = "demo", only: set[str] | None = None, fo
     for name, module_name in STAGES:
         ctx.stage = name
         done = root / name / STAGE_FILE
+        # A stage is reused only if it finished with the same profile and the same upstream results;
+        # rerunning an earlier stage that changes its result reruns everything after it.
+        upstream = config_hash({"profile": profile, "results": ctx.results})
         if done.is_file() and name not in force:
             recorded = json.loads(done.read_text())
-            if recorded.get("profile") == profile:
+            if recorded.get("upstream") == upstream:
                 ctx.results[name] = recorded["result"]
                 ctx.step(f"reused (finished before; --force {name} reruns it)")
                 continue
@@ -36,7 +40,7 @@ def run_demo(root: Path, profile: str = "demo", only: set[str] | None = None, fo
         result = module.run(ctx)
         elapsed = time.perf_counter() - t0
         ctx.results[name] = result
-        atomic.write_json(done, {"profile": profile, "elapsed_s": round(elapsed, 1), "result": result})
+        atomic.write_json(done, {"profile": profile, "upstream": upstream, "elapsed_s": round(elapsed, 1), "result": result})
         ctx.step(f"done in {elapsed:.1f}s")
     return ctx
 
