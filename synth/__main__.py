@@ -34,7 +34,7 @@ def _run_generator(argv: list[str]) -> int:
                     help="apply --endpoint/--model/--backend only to these teacher roles")
     ap.add_argument("--fresh", action="store_true", help="restart: forget finished prompts (the cache is kept)")
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     cfg = load_generator(args.generator, args.overrides)
     cfg = apply_teacher_overrides(cfg, args.endpoint, args.model, args.backend, args.teacher_role)
     res = run(cfg, args.out, fresh=args.fresh, progress=not args.no_progress)

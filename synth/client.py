@@ -371,7 +371,7 @@ class TeacherConfig(BaseModel):
     backoff_max_s: float = 30.0
     breaker_failures: int = 20
     breaker_cooldown_s: float = 10.0
-    breaker_max_trips: int = 3
+    breaker_max_trips: int = 6           # ~1 min of total outage (6 cooldowns) before giving up
     ready_timeout_s: float = 120.0
     stream: bool = False
     constrained_output: str = "json_schema"  # json_schema | json_object | none

@@ -9,8 +9,9 @@
   progressive batches: batch i draws from a Gaussian over pass-rate values centred at mu_i,
   which moves from easy to hard; counts are allocated by the target and availability, capacity
   left over is filled from the values with the largest remaining pools, and samples are shuffled
-  inside each batch. sigma and the mu schedule are not given by the paper: sigma=0.15 and a
-  linear mu from the highest to the lowest pass rate present are our defaults, recorded.
+  inside each batch. sigma and the mu schedule are not given by the paper: sigma=0.15 and a mu
+  that follows the unplaced pool (`curriculum_mu`) are our defaults; a linear schedule between
+  given end points is available.
 """
 
 from __future__ import annotations
@@ -47,6 +48,27 @@ def order_easy_to_hard(items: Sequence[tuple[str, float]], seed: int = 0) -> lis
     return [i for i, _ in sorted(items, key=lambda x: (-x[1], stable_id(seed, x[0])))]
 
 
+def curriculum_mu(pools: dict[float, list[str]], size: int, b: int, n_batches: int,
+                  mu_start: float | None = None, mu_end: float | None = None) -> float:
+    """Centre of batch b's target. With mu_start/mu_end: linear between them over the batches.
+    By default it follows the pool: the mean pass rate of the `size` easiest prompts still
+    unplaced (the batch a plain easy-to-hard sort would make next). A fixed linear schedule over
+    a pool whose values are not uniform leaves easy prompts unplaced until the last batches."""
+    if mu_start is not None or mu_end is not None:
+        vals = [v for v in pools if pools[v]]
+        a = max(vals) if mu_start is None else mu_start
+        z = min(vals) if mu_end is None else mu_end
+        return a + (z - a) * (b / (n_batches - 1) if n_batches > 1 else 0.0)
+    taken, acc = 0, 0.0
+    for v in sorted(pools, reverse=True):
+        k = min(len(pools[v]), size - taken)
+        acc += k * v
+        taken += k
+        if taken >= size:
+            break
+    return acc / max(1, taken)
+
+
 def gaussian_curriculum_batches(items: Sequence[tuple[str, float]], batch_size: int, sigma: float = 0.15,
                                 mu_start: float | None = None, mu_end: float | None = None,
                                 seed: int = 0) -> list[list[str]]:
@@ -65,27 +87,23 @@ def gaussian_curriculum_batches(items: Sequence[tuple[str, float]], batch_size: 
     values = sorted(pools)
     if not values:
         return []
-    hi, lo = values[-1], values[0]
-    mu_a = hi if mu_start is None else mu_start
-    mu_b = lo if mu_end is None else mu_end
     n_total = sum(len(v) for v in pools.values())
     n_batches = math.ceil(n_total / batch_size)
     batches: list[list[str]] = []
     for b in range(n_batches):
         remaining = sum(len(pools[v]) for v in values)
         size = min(batch_size, remaining)
-        mu = mu_a + (mu_b - mu_a) * (b / (n_batches - 1) if n_batches > 1 else 0.0)
+        mu = curriculum_mu(pools, size, b, n_batches, mu_start, mu_end)
         avail = [v for v in values if pools[v]]
         weights = {v: math.exp(-((v - mu) ** 2) / (2 * sigma ** 2)) for v in avail}
         total_w = sum(weights.values()) or 1.0
         target = {v: size * w / total_w for v, w in weights.items()}
-        alloc = {v: min(len(pools[v]), int(math.floor(t))) for v, t in target.items()}
-        # largest remainders first, within availability
-        for v in sorted(avail, key=lambda v: (-(target[v] - math.floor(target[v])), v)):
-            if sum(alloc.values()) >= size:
-                break
-            if alloc[v] < len(pools[v]) and target[v] - alloc[v] > 0:
-                alloc[v] += 1
+        # integer counts by largest remainder, then capped by what each value has left
+        want = {v: int(math.floor(t)) for v, t in target.items()}
+        short = size - sum(want.values())
+        for v in sorted(avail, key=lambda v: (-(target[v] - want[v]), v))[:short]:
+            want[v] += 1
+        alloc = {v: min(len(pools[v]), want[v]) for v in avail}
         # capacity left: the values with the largest remaining pools (LN §6.2 fill rule)
         while sum(alloc.values()) < size:
             v = max(avail, key=lambda v: (len(pools[v]) - alloc[v], -v))

@@ -78,6 +78,7 @@ class Generate(Step):
         mode: Mode | None = None
         system: str | None = None
         template: str = "{prompt}"
+        fewshot: list[dict[str, str]] = Field(default_factory=list)   # [{user, assistant}] shown to the teacher only
         n: int = 1
         params: dict[str, Any] = Field(default_factory=dict)
         logprobs: bool = False
@@ -101,6 +102,10 @@ class Generate(Step):
         system = self.cfg.system if self.cfg.system is not None else (TOGGLE[self.cfg.mode] if self.cfg.mode else None)
         if system:
             msgs.append({"role": "system", "content": _format(system, row.fields)})
+        for shot in self.cfg.fewshot:
+            if set(shot) != {"user", "assistant"}:
+                raise ValueError(f"step {self.name}: each fewshot item needs exactly `user` and `assistant`")
+            msgs += [{"role": "user", "content": shot["user"]}, {"role": "assistant", "content": shot["assistant"]}]
         msgs.append({"role": "user", "content": _format(self.cfg.template, row.fields)})
         return msgs
 

@@ -116,7 +116,7 @@ def normalize_answer(s: str) -> str:
     return s.lower()
 
 
-_UNIT_WORDS = re.compile(r"(?<=\d)(?:[a-z]+)$")
+_UNIT_WORDS = re.compile(r"(?<=\d)(?:[a-z]{2,})$")   # "12apples" -> 12; a lone "3x" stays an expression
 
 
 def _to_number(s: str) -> Fraction | None:

@@ -1,0 +1,84 @@
+"""Text-to-SQL execution on a real PostgreSQL server (started here in a temporary directory when
+the Debian `postgresql` binaries and the `postgres` user exist; skipped otherwise)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from synth.domains.postgres_execute import execute_in_postgres, executor_from_env
+from synth.domains.sql_validate import DistractorColumn, validate_sql_sample
+
+DDL = """CREATE TABLE customers (id SERIAL PRIMARY KEY, name VARCHAR(80) NOT NULL, city VARCHAR(40));
+CREATE TABLE orders (order_id SERIAL PRIMARY KEY, customer_id INT REFERENCES customers(id), total NUMERIC(10, 2), placed_on DATE);"""
+ROWS = """INSERT INTO customers (name, city) VALUES ('Ana', 'Lyon'), ('Bo', 'Oslo');
+INSERT INTO orders (customer_id, total, placed_on) VALUES (1, 10.5, '2024-01-03'), (2, 7, '2024-02-01'), (1, 3, '2024-02-09');"""
+
+
+def _pg_bin() -> str | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+@pytest.fixture(scope="module")
+def pg_dsn():
+    bindir = _pg_bin()
+    if bindir is None or shutil.which("psql") is None:
+        pytest.skip("PostgreSQL server binaries (Debian package postgresql) or psql not installed")
+    as_user: list[str] = []
+    if os.geteuid() == 0:                       # initdb refuses to run as root
+        if shutil.which("runuser") is None or subprocess.run(["id", "postgres"], capture_output=True).returncode != 0:
+            pytest.skip("running as root without a 'postgres' user to own the cluster")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    tmp = tempfile.mkdtemp(prefix="synth-pg-")
+    os.chmod(tmp, 0o777)
+    data, port = os.path.join(tmp, "data"), 55000 + os.getpid() % 1000
+    subprocess.run([*as_user, f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "synth", "--no-sync"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", f"-k {tmp} -p {port} -c listen_addresses=''",
+                    "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql://synth@/postgres?host={tmp}&port={port}"
+    finally:
+        subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_postgres_runs_what_sqlite_cannot_judge(pg_dsn):
+    ok = execute_in_postgres("SELECT DATE_TRUNC('month', placed_on) AS m, COUNT(*) FROM orders GROUP BY m ORDER BY m",
+                             DDL, ROWS, pg_dsn)
+    assert ok.status == "ok" and ok.n_rows == 2 and ok.columns == ["m", "count"]
+    strict = execute_in_postgres("SELECT name, total FROM customers c JOIN orders o ON o.customer_id = c.id GROUP BY name",
+                                 DDL, ROWS, pg_dsn)
+    assert strict.status == "error" and "GROUP BY" in strict.error
+    assert execute_in_postgres("SELECT name FROM customers WHERE city = 'X'", DDL, ROWS, pg_dsn).status == "empty"
+    assert execute_in_postgres("SELECT pg_sleep(3)", DDL, ROWS, pg_dsn, timeout_s=0.5).status == "timeout"
+    bad_rows = execute_in_postgres("SELECT 1", DDL, "INSERT INTO orders (customer_id) VALUES (99);", pg_dsn)
+    assert bad_rows.status == "error" and "foreign key" in bad_rows.error
+    # everything was rolled back: no schema or table is left behind
+    left = subprocess.run(["psql", "-X", "-A", "-t", "-d", pg_dsn, "-c",
+                           "SELECT count(*) FROM information_schema.schemata WHERE schema_name LIKE 'synth_%'"],
+                          capture_output=True, text=True, check=True)
+    assert left.stdout.strip() == "0"
+
+
+def test_full_validation_uses_the_server_when_configured(pg_dsn, monkeypatch):
+    monkeypatch.setenv("SYNTH_TEST_PG_DSN", pg_dsn)
+    executor = executor_from_env("SYNTH_TEST_PG_DSN")
+    visible = DDL + "\nCREATE TABLE orders_archive (order_id INT, total NUMERIC(10, 2));"
+    kw = dict(dialect="postgres", ddl=DDL, rows_sql=ROWS, visible_ddl=visible, distractor_tables=["orders_archive"],
+              distractor_columns=[DistractorColumn("orders", "previous_total")])
+    q = "SELECT DATE_TRUNC('month', placed_on) AS m, SUM(total) FROM orders GROUP BY m"
+    assert validate_sql_sample(query=q, **kw).first_failure.name == "execution"       # SQLite: unsupported
+    assert validate_sql_sample(query=q, executor=executor, **kw).ok                    # the real server: fine
+    sloppy = "SELECT name, total FROM customers c JOIN orders o ON o.customer_id = c.id GROUP BY name"
+    assert validate_sql_sample(query=sloppy, unsupported="accept", **kw).ok            # SQLite lets it through
+    assert not validate_sql_sample(query=sloppy, executor=executor, **kw).ok           # PostgreSQL does not
+    monkeypatch.delenv("SYNTH_TEST_PG_DSN")
+    with pytest.raises(ValueError, match="not set"):
+        executor_from_env("SYNTH_TEST_PG_DSN")

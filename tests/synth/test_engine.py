@@ -1,0 +1,290 @@
+"""The engine end to end over real HTTP: pairs, determinism, cache, resume after SIGKILL,
+decontamination before generation, RL records, the step API, the in-process vLLM adapter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from common.errors import ContractError
+from synth.backends import CachedBackend, VllmBackend, result_from_vllm_output, vllm_sampling_kwargs
+from synth.cache import ResponseCache
+from synth.client import ChatRequest, TeacherConfig
+from synth.engine import run
+from synth.export import load_export
+from synth.fakeserver import Fault
+from synth.pipeline import GeneratorConfig, Row, Step, register_step
+from synth.records import SYSTEM_OFF, SYSTEM_ON, read_records
+
+from .conftest import fast_teacher, pairs_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gen(d: dict) -> GeneratorConfig:
+    return GeneratorConfig.model_validate(d)
+
+
+def test_reasoning_pairs_end_to_end(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    res = run(gen(pairs_config(srv.base_url, n_prompts=12)), tmp_path / "run", progress=False)
+    recs = list(read_records(res.records_path))
+    assert recs and res.manifest.status == "complete"
+    pairs = Counter(r.pair_id for r in recs if r.pair_id)
+    assert pairs and set(pairs.values()) == {2}                    # each strict pair exactly twice
+    for r in recs:
+        assert r.system in (SYSTEM_ON, SYSTEM_OFF) and r.messages[0].content == r.system
+        text = r.messages[-1].content
+        if r.reasoning == "on":
+            assert text.count("<think>") == 1 and text.count("</think>") == 1 and text.split("</think>")[1].strip()
+        else:
+            assert "<think>" not in text and "</think>" not in text
+        assert r.verification.verdict and r.verification.method == "math"
+        assert r.teacher.temperature == 0.6 and r.teacher.top_p == 0.95 and r.teacher.seed is not None
+    on_pair = {r.pair_id: r for r in recs if r.pair_role == "on"}
+    off_pair = {r.pair_id: r for r in recs if r.pair_role == "off"}
+    assert set(on_pair) == set(off_pair)
+    assert all(on_pair[p].messages[1] == off_pair[p].messages[1] for p in on_pair)     # same prompt
+    m = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert m["schema"] == "synth-run/1" and m["steps"]["verify"]["in"] >= m["steps"]["verify"]["out"] > 0
+    assert 0 < m["steps"]["verify"]["acceptance"] < 1                 # the fake teacher is wrong sometimes
+    rejects = [json.loads(x) for x in (tmp_path / "run" / "rejects.jsonl").read_text().splitlines()]
+    assert any("!= reference" in r["reason"] for r in rejects)
+
+
+def test_same_inputs_give_byte_identical_records_and_reruns_are_free(fake_server, tmp_path):
+    a = fake_server("arithmetic")
+    b = fake_server("arithmetic", faults=[Fault("500", every=4), Fault("drop", every=9)], latency_s=0.002)
+    cfg_a = pairs_config(a.base_url, n_prompts=10)
+    cfg_b = pairs_config(b.base_url, n_prompts=10)
+    for t in cfg_b["teachers"].values():
+        t["initial_concurrency"] = 2                                      # different interleaving
+    run(gen(cfg_a), tmp_path / "a", progress=False)
+    run(gen(cfg_b), tmp_path / "b", progress=False)
+    assert (tmp_path / "a" / "records.jsonl").read_bytes() == (tmp_path / "b" / "records.jsonl").read_bytes()
+    n_before = a.stats.n_requests
+    res = run(gen(cfg_a), tmp_path / "a", progress=False)                # finished: nothing to do
+    (tmp_path / "a" / "journal.jsonl").unlink()
+    res = run(gen(cfg_a), tmp_path / "a", progress=False)                # journal gone: all from the cache
+    assert a.stats.n_requests == n_before and res.manifest.usage["cached"] == res.manifest.usage["requests"]
+    assert (tmp_path / "a" / "records.jsonl").read_bytes() == (tmp_path / "b" / "records.jsonl").read_bytes()
+
+
+def test_a_different_config_in_the_same_directory_is_refused(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    run(gen(pairs_config(srv.base_url, n_prompts=3)), tmp_path / "r", progress=False)
+    cfg = pairs_config(srv.base_url, n_prompts=3, seed=99)
+    with pytest.raises(ContractError, match="different generator config"):
+        run(gen(cfg), tmp_path / "r", progress=False)
+    run(gen(cfg), tmp_path / "r", fresh=True, progress=False)
+
+
+def test_contaminated_prompts_never_reach_a_teacher(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    names = ["Tom", "Ana", "Raj", "Lea", "Kim", "Bo"]
+    things = ["apples", "kites", "shells", "cards", "beads", "rocks"]
+    places = ["basket", "garage", "bucket", "drawer", "jar", "box"]
+    prompts = [{"id": f"q{i}", "prompt": f"{names[i]} keeps {i} red {things[i]} and {i + 3} green {things[i]} in a "
+                f"{places[i]} near the {places[i - 1]}. How many {things[i]} does {names[i]} keep in the {places[i]}?",
+                "reference": str(2 * i + 3)} for i in range(6)]
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"question": prompts[2]["prompt"].upper()}) + "\n"
+                     + json.dumps({"question": prompts[4]["prompt"]}) + "\n")
+    cfg = pairs_config(srv.base_url, source={"kind": "inline", "items": prompts})
+    cfg["steps"].insert(0, {"kind": "decontaminate", "evals": [{"name": "evalset", "path": str(evals)}]})
+    res = run(gen(cfg), tmp_path / "r", progress=False)
+    sent = {m["content"] for b in srv.stats.bodies for m in b["messages"] if m["role"] == "user"}
+    assert prompts[2]["prompt"] not in sent and prompts[4]["prompt"] not in sent and prompts[0]["prompt"] in sent
+    assert res.manifest.counts["prompts_dropped"] == {"decontaminate": 2}
+    rejects = [json.loads(x) for x in (tmp_path / "r" / "rejects.jsonl").read_text().splitlines()]
+    assert sum("contaminated: 13-gram overlap with evalset" in r["reason"] for r in rejects) == 2
+
+
+def test_majority_vote_supplies_the_reference_when_none_exists(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    items = [{"id": "m0", "prompt": "Ada has 5 coins and finds 6 more. How many coins?"}]
+    cfg = pairs_config(srv.base_url, n=5, source={"kind": "inline", "items": items})
+    res = run(gen(cfg), tmp_path / "r", progress=False)
+    recs = list(read_records(res.records_path))
+    assert recs and all(r.answer_source == "majority_vote" and r.meta["reference"] == "11" for r in recs)
+    assert all(r.verification.rule == "majority_vote" for r in recs)
+
+
+def test_kill_9_mid_run_then_resume_loses_and_duplicates_nothing(fake_server, tmp_path):
+    srv = fake_server("arithmetic", latency_s=0.02)
+    cfg = pairs_config(srv.base_url, n_prompts=40, n=2)
+    for t in cfg["teachers"].values():
+        t["initial_concurrency"] = 2
+        t["max_concurrency"] = 2
+    cfg["output"]["max_inflight_rows"] = 4
+    cfg_path = tmp_path / "gen.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "synth", str(cfg_path), "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = out / "journal.jsonl"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        if journal.exists() and journal.read_text().count("\n") >= 8:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    n_done = journal.read_text().count("\n") - 1
+    assert 0 < n_done < 40, "the kill must land mid-run"
+    resumed = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ids = [json.loads(x)["id"] for x in journal.read_text().splitlines()[1:]]
+    assert len(ids) == len(set(ids)) == 40
+    recs = [json.loads(x)["id"] for x in (out / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == len(set(recs))
+    run(gen(cfg), tmp_path / "clean", progress=False)
+    assert (out / "records.jsonl").read_bytes() == (tmp_path / "clean" / "records.jsonl").read_bytes()
+
+
+def test_torn_journal_line_is_truncated_on_resume(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    cfg = pairs_config(srv.base_url, n_prompts=5)
+    run(gen(cfg), tmp_path / "r", progress=False)
+    j = tmp_path / "r" / "journal.jsonl"
+    lines = j.read_text().splitlines(keepends=True)
+    j.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])      # a kill mid-write
+    run(gen(cfg), tmp_path / "r", progress=False)
+    assert len(j.read_text().splitlines()) == 6
+
+
+def test_rl_difficulty_records_carry_rollouts_and_curriculum(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    cfg = {
+        "generator": "rl_test", "seed": 3, "teachers": {"policy": fast_teacher([srv.base_url], precision="bf16")},
+        "source": {"kind": "arithmetic_word_problems", "n": 20},
+        "steps": [
+            {"kind": "generate", "field": "s", "teacher": "policy", "n": 8, "logprobs": True, "return_token_ids": True,
+             "params": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}},
+            {"kind": "verify", "fields": ["s"], "method": "math"},
+            {"kind": "pass_rate", "field": "s", "max_pass_rate": 0.75},
+            {"kind": "format_rl", "field": "s", "max_context": 2048},
+        ],
+        "post": [{"kind": "curriculum", "order": "easy_to_hard"}],
+        "output": {"formats": ["jsonl", "datasets"]},
+    }
+    res = run(gen(cfg), tmp_path / "rl", progress=False)
+    recs = list(read_records(res.records_path))
+    prompts = [r for r in recs if r.kind == "rl_prompt"]
+    rollouts = [r for r in recs if r.kind == "rl_rollout"]
+    assert prompts and all(r.pass_rate < 0.75 and r.n_samples == 8 and r.estimator == "fake-teacher" for r in prompts)
+    rates = [r.pass_rate for r in prompts]
+    assert rates == sorted(rates, reverse=True) and [r.curriculum_rank for r in prompts] == list(range(len(prompts)))
+    assert len(rollouts) == 8 * len(prompts)
+    for r in rollouts:
+        ro = r.rollout
+        assert ro.token_ids_source == "engine" and len(ro.completion_token_ids) == len(ro.rollout_logprobs) > 0
+        assert ro.policy == "fake-teacher" and ro.temperature == 1.0 and ro.precision == "bf16"
+        assert ro.logprobs_mode == "raw_logprobs" and not ro.logprobs_after_sampling_transforms
+        assert r.reward in (0.0, 1.0)
+    dropped = res.manifest.counts["prompts_dropped"].get("pass_rate", 0)
+    assert dropped + len(prompts) == 20
+    dd = load_export(tmp_path / "rl" / "export")
+    assert set(dd) == {"rl_prompts", "rl_rollouts"} and len(dd["rl_rollouts"]) == len(rollouts)
+
+
+@register_step("test_shout")
+class Shout(Step):
+    """A custom step the way a domain generator adds one."""
+
+    class Config(Step.Config):
+        field: str
+        banned: str = "7"
+
+    async def apply(self, row: Row) -> None:
+        alive = self.alive(row, self.cfg.field)
+        for c in alive:
+            if self.cfg.banned in c.text:
+                self.reject(row, c, f"mentions {self.cfg.banned}")
+        self.count(row, len(alive), len(self.alive(row, self.cfg.field)))
+
+
+def test_custom_steps_plug_in_with_counts_and_quarantine(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    cfg = {"generator": "custom", "teachers": {"t": fast_teacher([srv.base_url])},
+           "source": {"kind": "arithmetic_word_problems", "n": 10},
+           "steps": [{"kind": "generate", "field": "a", "teacher": "t", "mode": "off", "n": 2},
+                     {"kind": "test_shout", "field": "a"}, {"kind": "format_sft", "field": "a"}]}
+    res = run(gen(cfg), tmp_path / "c", progress=False)
+    sc = res.manifest.steps["test_shout:a"]
+    assert sc["in"] == 20 and 0 < sc["out"] < 20
+    assert all("7" not in r.messages[-1].content for r in read_records(res.records_path))
+    with pytest.raises(ValueError, match="unknown kind 'nope'"):
+        run(gen(dict(cfg, steps=[{"kind": "nope"}])), tmp_path / "d", progress=False)
+    with pytest.raises(ValueError, match="field 'n'"):
+        run(gen(dict(cfg, steps=[{"kind": "generate", "field": "a", "teacher": "t", "n": "many"}])),
+            tmp_path / "e", progress=False)
+
+
+# ---- in-process vLLM adapter (vLLM itself cannot run on this CPU-only machine) ----------------
+
+class _Logprob(SimpleNamespace):
+    pass
+
+
+class StandInLLM:
+    """Mimics `vllm.LLM.chat`: returns RequestOutput-shaped objects."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def chat(self, messages, sampling_params, use_tqdm=False):
+        self.calls.append(len(messages))
+        outs = []
+        for msgs, sp in zip(messages, sampling_params):
+            ids = [100 + sp["seed"] % 7, 200]
+            lps = [{ids[0]: _Logprob(logprob=-0.5, decoded_token="4")}, {ids[1]: _Logprob(logprob=-0.1, decoded_token=".")}] \
+                if "logprobs" in sp else None
+            comp = SimpleNamespace(text=f"answer {sp['seed']}", token_ids=ids, logprobs=lps, finish_reason="stop")
+            outs.append(SimpleNamespace(outputs=[comp], prompt_token_ids=[1, 2, 3]))
+        return outs
+
+
+def test_vllm_backend_adapter_batches_and_maps_outputs(tmp_path):
+    llm = StandInLLM()
+    cfg = TeacherConfig(model="m", backend="vllm", engine="vllm")
+    backend = CachedBackend(VllmBackend(cfg, llm_factory=lambda: (llm, dict)), ResponseCache(tmp_path / "c.sqlite"))
+    reqs = [ChatRequest(messages=[{"role": "user", "content": "q"}], params={"temperature": 1.0, "max_tokens": 8},
+                        seed=i, logprobs=True) for i in range(10)]
+
+    async def go():
+        out = await asyncio.gather(*(backend.complete(r) for r in reqs))
+        again = await backend.complete(reqs[0])
+        await backend.close()
+        return out, again
+    out, again = asyncio.run(go())
+    assert [r.content for r in out] == [f"answer {i}" for i in range(10)]
+    assert sum(llm.calls) == 10 and len(llm.calls) < 10                  # batched, not one call per request
+    assert out[3].token_ids == [103, 200] and out[3].logprobs == [-0.5, -0.1] and out[3].prompt_token_ids == [1, 2, 3]
+    assert again.cached and again.token_ids == [100, 200]
+    assert vllm_sampling_kwargs(reqs[0]) == {"temperature": 1.0, "max_tokens": 8, "seed": 0, "logprobs": 0}
+    res = result_from_vllm_output(SimpleNamespace(outputs=[SimpleNamespace(text="x", token_ids=[5], logprobs=None,
+                                                                            finish_reason="length")]), "m", False)
+    assert res.truncated and res.logprobs is None and res.token_ids == [5]
+
+
+def test_vllm_backend_without_vllm_says_how_to_get_it(tmp_path):
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    backend = VllmBackend(TeacherConfig(model="m", backend="vllm"))
+    with pytest.raises(RuntimeError, match="purokit\\[vllm\\]"):
+        asyncio.run(backend.start())

@@ -1,0 +1,74 @@
+"""Contract 6 records: validation with errors that name file/line/field; export formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.errors import ContractError
+from synth.export import export_records, load_export, to_arrow
+from synth.records import Message, Rollout, SynthRecord, read_records, write_records
+
+
+def sft(i: int, mode: str = "on", **kw) -> SynthRecord:
+    sysmsg = f"detailed thinking {mode}"
+    return SynthRecord(id=f"r{i}", generator="g", prompt_id=f"p{i}", reasoning=mode, system=sysmsg,
+                       messages=[Message(role="system", content=sysmsg), Message(role="user", content=f"q{i}"),
+                                 Message(role="assistant", content=f"a{i}")], **kw)
+
+
+def test_toggle_literal_is_enforced():
+    with pytest.raises(ValueError, match="exactly"):
+        SynthRecord(id="x", generator="g", prompt_id="p", reasoning="on", system="Detailed thinking on",
+                    messages=[Message(role="system", content="Detailed thinking on")])
+    with pytest.raises(ValueError, match="messages\\[0\\]"):
+        SynthRecord(id="x", generator="g", prompt_id="p", reasoning="off", system="detailed thinking off",
+                    messages=[Message(role="user", content="q")])
+
+
+def test_rollout_alignment_and_logprob_sanity():
+    Rollout(completion_token_ids=[1, 2], rollout_logprobs=[-0.1, 0.0])
+    with pytest.raises(ValueError, match="2 rollout_logprobs for 3"):
+        Rollout(completion_token_ids=[1, 2, 3], rollout_logprobs=[-0.1, -0.2])
+    with pytest.raises(ValueError, match="finite"):
+        Rollout(completion_token_ids=[1], rollout_logprobs=[0.5])
+
+
+def test_reader_names_file_line_and_field(tmp_path):
+    p = tmp_path / "r.jsonl"
+    write_records(p, [sft(0), sft(1, "off")])
+    assert [r.id for r in read_records(p)] == ["r0", "r1"]
+    lines = p.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["pass_rate"] = 3.0
+    p.write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ContractError) as ei:
+        list(read_records(p))
+    assert "line 2" in str(ei.value) and "r1" in str(ei.value)
+    bad["schema"] = "synth-record/0"
+    p.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ContractError, match="field 'schema'"):
+        list(read_records(p))
+
+
+def test_export_jsonl_parquet_datasets_and_load(tmp_path):
+    recs = [sft(0), sft(1, "off", pair_id="P", pair_role="off"),
+            SynthRecord(id="rl0", kind="rl_prompt", generator="g", prompt_id="p9", prompt="2+2?", reference="4",
+                        pass_rate=0.25, n_samples=8),
+            SynthRecord(id="ro0", kind="rl_rollout", generator="g", prompt_id="p9", prompt="2+2?",
+                        messages=[Message(role="user", content="2+2?"), Message(role="assistant", content="4")],
+                        reward=1.0, rollout=Rollout(completion_token_ids=[7, 8], rollout_logprobs=[-0.5, -0.25],
+                                                    truncated=False, finish_reason="stop"))]
+    m = export_records(recs, tmp_path / "ex")
+    assert m["splits"] == {"rl_prompts": 1, "rl_rollouts": 1, "train": 2}
+    dd = load_export(tmp_path / "ex")
+    train = dd["train"]
+    assert train[0]["messages"][0] == {"role": "system", "content": "detailed thinking on", "tool_calls": None,
+                                       "tool_call_id": None, "name": None}
+    assert dd["rl_rollouts"][0]["rollout"]["completion_token_ids"] == [7, 8]
+    import pyarrow.parquet as pq
+    assert pq.read_table(tmp_path / "ex" / "train.parquet").schema.equals(to_arrow(recs[:2]).schema)
+    (tmp_path / "ex" / "export_manifest.json").write_text(json.dumps({"schema": "synth-export/0"}))
+    with pytest.raises(ContractError, match="schema"):
+        load_export(tmp_path / "ex")
