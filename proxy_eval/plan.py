@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +55,12 @@ class PlanConfig(BaseModel):
     write_slices: bool = True
     rows_per_file: int = 50_000
     verify_hashes: bool = False
+    # components without an `n_tokens` column are counted with this tokenizer (a mixtures
+    # `tokenizer:` block or a tokenizer.json path); slices written from them get the column
+    count_tokens_with: dict[str, Any] | str | None = None
+    # documents (by id) that no slice may contain, e.g. the evaluation sets (decontamination):
+    # a text file with one id per line, or a parquet/jsonl file with an `id` column
+    exclude_ids: str | None = None
 
 
 class PlannedSlice(BaseModel):
@@ -103,22 +109,51 @@ def resolve_score_field(component: Component, ref: ComponentRef) -> str | None:
     return field
 
 
-def _component_arrays(component: Component, score_field: str | None) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    component.require_column("n_tokens", "slice sizes are in tokens; count tokens first (kaiyuan)")
-    cols = ["id", "n_tokens"] + ([score_field] if score_field else [])
+def read_id_list(path: str | Path) -> set[str]:
+    p = Path(path)
+    if p.suffix == ".parquet":
+        return set(str(x) for x in pq.read_table(p, columns=["id"]).column("id").to_pylist())
+    if p.suffix in (".jsonl", ".json"):
+        import json
+
+        return {str(json.loads(line)["id"]) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()}
+    return {line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()}
+
+
+def count_tokens(component: Component, tokenizer: Any, batch_size: int = 1024) -> np.ndarray:
+    """Tokens per document (no EOS), streamed in file order."""
+    out = []
+    for batch in component.iter_batches(columns=["text"], batch_size=batch_size):
+        texts = [t or "" for t in batch.column("text").to_pylist()]
+        out.append(np.fromiter((len(x) for x in tokenizer.encode_batch(texts)), dtype=np.int64, count=len(texts)))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _component_arrays(component: Component, score_field: str | None, tokenizer: Any = None
+                      ) -> tuple[list[str], np.ndarray, np.ndarray | None, bool]:
+    """ids, tokens per document, scores (NaN = none) and whether the tokens were counted here."""
+    counted = "n_tokens" not in component.columns
+    if counted and tokenizer is None:
+        component.require_column("n_tokens", "slice sizes are in tokens; count tokens first (kaiyuan) or set "
+                                 "count_tokens_with")
+    cols = ["id"] + ([] if counted else ["n_tokens"]) + ([score_field] if score_field else [])
     table = component.read(columns=cols)
     ids = table.column("id").to_pylist()
-    n_tokens = table.column("n_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if counted:
+        n_tokens = count_tokens(component, tokenizer)
+    else:
+        n_tokens = table.column("n_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     scores = None
     if score_field:
         scores = pc.cast(table.column(score_field), pa.float64()).to_numpy(zero_copy_only=False)
         scores = np.where(np.isfinite(scores), scores, np.nan)
-    return ids, n_tokens, scores
+    return ids, n_tokens, scores, counted
 
 
 def _write_slice_component(component: Component, rows: np.ndarray, final_dir: Path, slice_name: str,
-                           extra: dict, rows_per_file: int) -> None:
-    """Stream the component once and keep the selected rows (global row numbers, file order)."""
+                           extra: dict, rows_per_file: int, counted_tokens: np.ndarray | None = None) -> None:
+    """Stream the component once and keep the selected rows (global row numbers, file order).
+    `counted_tokens`: per-row token counts to add as the `n_tokens` column (when the component had none)."""
     selected = np.zeros(component.manifest.n_docs, dtype=bool)
     selected[rows] = True
     tmp = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}")
@@ -134,6 +169,9 @@ def _write_slice_component(component: Component, rows: np.ndarray, final_dir: Pa
             if not mask.any():
                 continue
             kept = batch.filter(pa.array(mask))
+            if counted_tokens is not None:
+                kept = kept.append_column(pa.field("n_tokens", pa.int64()),
+                                          pa.array(counted_tokens[offset - batch.num_rows:offset][mask]))
             n_tokens_total += int(pc.sum(kept.column("n_tokens")).as_py() or 0)
             if writer is None or in_part >= rows_per_file:
                 if writer is not None:
@@ -159,7 +197,8 @@ def _write_slice_component(component: Component, rows: np.ndarray, final_dir: Pa
 def make_plan(config: PlanConfig) -> SlicePlan:
     """Decide and (optionally) write every slice; skip when a complete plan exists."""
     out = Path(config.out)
-    inputs = fingerprints([Path(c.path) / "manifest.json" for c in config.components])
+    inputs = fingerprints([Path(c.path) / "manifest.json" for c in config.components]
+                          + ([config.exclude_ids] if config.exclude_ids else []))
     done = find_complete(out, SlicePlan, config, inputs)
     if done is None and (out / MANIFEST_NAME).exists():
         log.info("plan in %s is for another config or inputs: replanning", out)
@@ -167,9 +206,16 @@ def make_plan(config: PlanConfig) -> SlicePlan:
         log.info("slice plan in %s is complete for this config: reusing it", out)
         return done
     sw = Stopwatch()
+    excluded = read_id_list(config.exclude_ids) if config.exclude_ids else set()
+    tokenizer = None
+    if config.count_tokens_with is not None:
+        from mixtures.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer(config.count_tokens_with)
     decisions: list[ComponentDecision] = []
     planned: list[PlannedSlice] = []
-    counts = {"components": 0, "slices": 0, "skipped_components": 0, "unscored_docs": 0}
+    counts = {"components": 0, "slices": 0, "skipped_components": 0, "unscored_docs": 0, "excluded_docs": 0,
+              "counted_components": 0}
     out.mkdir(parents=True, exist_ok=True)
     slices_root = out / "slices"
     shutil.rmtree(slices_root, ignore_errors=True)   # slices of an older plan are not this plan's
@@ -178,7 +224,14 @@ def make_plan(config: PlanConfig) -> SlicePlan:
         name = ref.name or component.name
         with sw(f"select.{name}"):
             field = resolve_score_field(component, ref)
-            ids, n_tokens, scores = _component_arrays(component, field)
+            all_ids, all_tokens, all_scores, counted = _component_arrays(component, field, tokenizer)
+            counts["counted_components"] += counted
+            # excluded documents (eval sets) take no part in deciding or selecting
+            keep_rows = np.flatnonzero([i not in excluded for i in all_ids]) if excluded else np.arange(len(all_ids))
+            counts["excluded_docs"] += len(all_ids) - len(keep_rows)
+            ids = [all_ids[i] for i in keep_rows]
+            n_tokens = all_tokens[keep_rows]
+            scores = all_scores[keep_rows] if all_scores is not None else None
             total = int(n_tokens.sum())
             scored = False
             if scores is not None:
@@ -198,9 +251,9 @@ def make_plan(config: PlanConfig) -> SlicePlan:
             if config.write_slices:
                 rel = f"slices/{s.name}"
                 with sw(f"write.{s.name}"):
-                    _write_slice_component(component, sel.rows, out / rel, s.name,
+                    _write_slice_component(component, keep_rows[sel.rows], out / rel, s.name,
                                            {"slice": s.model_dump(mode="json"), "rules": config.rules.model_dump(mode="json")},
-                                           config.rows_per_file)
+                                           config.rows_per_file, all_tokens if counted else None)
             planned.append(PlannedSlice(
                 name=s.name, component=name, kind=s.kind, percentile=s.percentile, percentile_from=s.percentile_from,
                 band=s.band, target_tokens=s.target_tokens, n_docs=len(sel.rows), n_tokens=sel.n_tokens,

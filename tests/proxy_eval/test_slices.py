@@ -169,3 +169,28 @@ def test_plan_requires_token_counts(tmp_path):
     finalize_component(d, tmp_path / "raw2", {"job": "t", "name": "raw2"})
     with pytest.raises(ContractError, match="n_tokens"):
         make_plan(PlanConfig(components=[ComponentRef(path=str(tmp_path / "raw2"))], out=str(tmp_path / "p")))
+
+
+def test_plan_counts_tokens_and_excludes_eval_documents(tmp_path, tokenizer_dir):
+    import pyarrow.parquet as pq
+    from common.component import finalize_component
+
+    path = synthetic_scored_component(tmp_path / "c", "web", n_docs=400, seed=4)
+    table = Component.open(path).read().drop(["n_tokens"])
+    d = tmp_path / ".b"
+    d.mkdir()
+    pq.write_table(table, d / "p.parquet")
+    finalize_component(d, tmp_path / "raw", {"job": "t", "name": "raw"})
+    excluded = [f"web-{i:06d}" for i in range(0, 400, 4)]
+    (tmp_path / "eval_ids.txt").write_text("\n".join(excluded) + "\n")
+    rules = SliceRules(slice_tokens=5000, quantile_min_tokens=20_000, random_min_tokens=1000, percentiles=[0, 50])
+    plan = make_plan(PlanConfig(components=[ComponentRef(path=str(tmp_path / "raw"))], rules=rules,
+                                out=str(tmp_path / "plan"), exclude_ids=str(tmp_path / "eval_ids.txt"),
+                                count_tokens_with={"kind": "hf", "path": str(tokenizer_dir / "tokenizer.json")}))
+    assert plan.counts["excluded_docs"] == 100 and plan.counts["counted_components"] == 1
+    for s in plan.slices:
+        comp = Component.open(plan.slice_dir(tmp_path / "plan", s.name))
+        t = comp.read(columns=["id", "n_tokens"])
+        assert not set(t.column("id").to_pylist()) & set(excluded)
+        assert sum(t.column("n_tokens").to_pylist()) == s.n_tokens == comp.manifest.n_tokens
+        assert 0 <= s.n_tokens - 5000 < max(t.column("n_tokens").to_pylist())
