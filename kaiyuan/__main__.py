@@ -1,0 +1,82 @@
+"""`python -m kaiyuan <command> ...`
+
+  ingest | dedup | score | pipeline   --config run.yaml [--sources a,b] [key=value ...]
+        the Spark jobs, in a local session (local[*], memory sized to the machine); the same
+        jobs run on a cluster with `spark-submit kaiyuan/jobs/<job>.py --config run.yaml`
+  train-classifier --config classifier.yaml [key=value ...] [--force]
+        a fastText quality classifier from positive and negative text; prints held-out metrics
+  summary <output dir>
+        the table of documents in/out per stage and source, clusters, filter pass rates
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kaiyuan.jobs import JOBS
+
+
+def _train_classifier(argv: list[str]) -> int:
+    from common.config import load_config
+    from common.errors import ContractError
+    from kaiyuan.classifier import describe_metrics, train_classifier
+    from kaiyuan.config import TrainClassifierConfig
+
+    ap = argparse.ArgumentParser(prog="kaiyuan train-classifier",
+                                 description="Train a fastText quality classifier (positives vs negatives).")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--force", action="store_true", help="retrain even if the model is up to date")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(TrainClassifierConfig, args.config, args.overrides)
+    except ContractError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    card = train_classifier(cfg, force=args.force)
+    print(f"{cfg.name}: {cfg.output}")
+    for line in describe_metrics(card):
+        print("  " + line)
+    return 0
+
+
+def _summary(argv: list[str]) -> int:
+    from kaiyuan import report
+
+    ap = argparse.ArgumentParser(prog="kaiyuan summary")
+    ap.add_argument("output", help="the run's output directory")
+    args = ap.parse_args(argv)
+    print("\n".join(report.table_lines(report.collect(args.output))))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = list(JOBS) + ["train-classifier", "summary"]
+    try:
+        importlib.import_module("kaiyuan.jobs.materialize")
+        commands.append("materialize")
+    except ImportError:
+        pass
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(__doc__)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"unknown command {argv[0]!r}; commands: {', '.join(commands)}", file=sys.stderr)
+            return 2
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "train-classifier":
+        return _train_classifier(rest)
+    if cmd == "summary":
+        return _summary(rest)
+    if cmd == "materialize":
+        return importlib.import_module("kaiyuan.jobs.materialize").main(rest)
+    from kaiyuan.jobs import main as job_main
+
+    return job_main(cmd, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Connected components by alternating large-star and small-star operations.
+
+Kiveris, Lattanzi, Mirrokni, Rastogi, Vassilvitskii, "Connected Components in MapReduce and
+Beyond" (SoCC 2014): every round applies Large-Star then Small-Star to the edge set; the
+fixed point is a set of stars in which every node points at the smallest node of its component.
+The rounds needed grow as O(log^2 n), so long chains of near-duplicates do not need one round per
+hop (plain min-label propagation would).
+
+These pure functions define the steps on Python edge lists. `kaiyuan.spark.components` performs
+the same steps on Spark DataFrames, and its tests compare the two (and both with union-find).
+Nodes are any totally ordered values (kaiyuan uses "<source>\\x1f<id>" strings, so the smallest
+node of a cluster is its smallest (source, id)).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Hashable, Iterable, TypeVar
+
+N = TypeVar("N", bound=Hashable)
+Edge = tuple  # (node, node)
+
+
+def canonical(edges: Iterable[Edge]) -> set[Edge]:
+    """Undirected edges as (larger, smaller) pairs, self-loops dropped."""
+    return {(max(u, v), min(u, v)) for u, v in edges if u != v}
+
+
+def large_star(edges: Iterable[Edge]) -> set[Edge]:
+    """For each node u with neighbourhood N(u): m = min(N(u) + {u}); connect every neighbour
+    v > u to m. Output as canonical (v, m) pairs."""
+    nbrs: dict = defaultdict(set)
+    for u, v in edges:
+        if u != v:
+            nbrs[u].add(v)
+            nbrs[v].add(u)
+    out: set[Edge] = set()
+    for u, ns in nbrs.items():
+        m = min(min(ns), u)
+        for v in ns:
+            if v > u:
+                out.add((v, m))
+    return out
+
+
+def small_star(edges: Iterable[Edge]) -> set[Edge]:
+    """For each node u with smaller neighbours N-(u): m = min(N-(u) + {u}); connect u and every
+    v in N-(u) to m. Output as canonical pairs, self-loops dropped."""
+    lower: dict = defaultdict(set)
+    for u, v in canonical(edges):
+        lower[u].add(v)          # canonical: u > v
+    out: set[Edge] = set()
+    for u, ns in lower.items():
+        m = min(ns)
+        out.add((u, m))
+        for v in ns:
+            if v != m:
+                out.add((v, m))
+    return out
+
+
+def star_components(edges: Iterable[Edge], max_rounds: int = 100) -> tuple[dict, int]:
+    """Node -> smallest node of its component, for every node that has an edge; and the number
+    of rounds until the edge set stopped changing."""
+    current = canonical(edges)
+    for rounds in range(1, max_rounds + 1):
+        nxt = small_star(large_star(current))
+        if nxt == current:
+            return {v: m for v, m in current} | {m: m for _, m in current}, rounds
+        current = nxt
+    raise RuntimeError(f"connected components did not converge in {max_rounds} rounds")
+
+
+def union_find_components(edges: Iterable[Edge]) -> dict:
+    """Reference: node -> smallest node of its component, by union-find."""
+    parent: dict = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for u, v in edges:
+        ru, rv = find(u), find(v)
+        if ru != rv:
+            if ru < rv:
+                parent[rv] = ru
+            else:
+                parent[ru] = rv
+    return {x: find(x) for x in list(parent)}

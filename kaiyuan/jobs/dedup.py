@@ -1,0 +1,25 @@
+"""Exact and MinHash-LSH near-duplicate removal of the ingested components (within each source by
+default), into <output>/dedup/; survivors keep dup_cluster and dup_count.
+
+    spark-submit kaiyuan/jobs/dedup.py --config run.yaml [key=value ...]"""
+
+
+def run(spark, cfg, only=None):
+    from kaiyuan.spark.dedup import run_dedup
+
+    return run_dedup(spark, cfg, only)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]   # no shadowing by job files
+    try:
+        import kaiyuan  # noqa: F401  (installed, or shipped with --py-files)
+    except ImportError:  # a source checkout: use it
+        sys.path.insert(0, str(_here.parents[1]))
+    from kaiyuan.jobs import main
+
+    sys.exit(main("dedup"))

@@ -1,0 +1,168 @@
+"""The ingest job: raw sources -> one component per source, plus its quarantine.
+
+For each source: discover files, plan splits (byte ranges of big jsonl files are numbered by a
+first pass that counts newlines on the executors), read every split on the executors with
+`kaiyuan.readers.read_split`, quarantine records with duplicate ids (the first by origin stays),
+and write the documents and the quarantine (`_quarantine/` inside the component) atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from common import atomic
+from common.component import ComponentManifest
+from common.log import get_logger
+from common.manifest import Stopwatch, find_complete, fingerprints
+from kaiyuan import readers
+from kaiyuan.config import RunConfig, SourceConfig
+from kaiyuan.spark import components_io as cio
+
+log = get_logger("kaiyuan.ingest")
+
+JOB = "kaiyuan.ingest"
+BLANK = "_blank_lines"      # pseudo-reason of the per-split blank-line count rows (never written)
+SPLIT_SCHEMA = ("source string, path string, rel string, format string, compression string, start bigint, "
+                "end bigint, first_line bigint, row_offset bigint")
+
+
+def job_config(source: SourceConfig, cfg: RunConfig) -> dict[str, Any]:
+    """What decides whether a finished ingest of this source can be reused."""
+    return {"job": JOB, "source": source.model_dump(mode="json"), "ingest": cfg.ingest.model_dump(mode="json")}
+
+
+def _read_splits_fn(opts: readers.ReadOptions):
+    def read_splits(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            for row in batch.to_pylist():
+                split = readers.Split(**row)
+                counters: dict[str, int] = {}
+                yield from readers.read_split(split, opts, counters)
+                if counters.get("blank_lines"):
+                    row = {f.name: [None] for f in readers.INGEST_SCHEMA}
+                    row.update(source=[split.source], origin_file=[split.path],
+                               origin_line=[counters["blank_lines"]], reason=[BLANK])
+                    yield pa.RecordBatch.from_pydict(row, schema=readers.INGEST_SCHEMA)
+    return read_splits
+
+
+def _count_newlines_fn():
+    def count(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            rows = batch.to_pylist()
+            yield pa.RecordBatch.from_pydict({
+                "path": [r["path"] for r in rows],
+                "start": [r["start"] for r in rows],
+                "n": [readers.count_newlines(r["path"], r["start"], r["end"]) for r in rows],
+            })
+    return count
+
+
+def _splits_df(spark, splits: list[readers.Split]):
+    rows = [s.to_dict() for s in splits]
+    rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    from pyspark.sql import Row
+
+    return spark.createDataFrame(rdd.map(lambda r: Row(**r)), SPLIT_SCHEMA)
+
+
+def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) -> ComponentManifest:
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    stage = cfg.stage_dir("ingest")
+    final_dir = stage / source.name
+    sw = Stopwatch()
+    with sw("discover"):
+        files = readers.discover_files(source.paths, source.format, source.hf_split, source.hf_config)
+        inputs = fingerprints([f.path for f in files], content=cfg.ingest.fingerprint == "content")
+    config = job_config(source, cfg)
+    done = find_complete(final_dir, ComponentManifest, config, inputs)
+    if done is not None:
+        log.info("ingest %s: complete (%d docs), skipped", source.name, done.n_docs)
+        return done
+    atomic.clean_stale_tmp(stage)
+    splits = readers.plan_splits(source.name, files, cfg.ingest.split_bytes)
+    log.info("ingest %s: %d files, %.1f MB, %d splits", source.name, len(files), sum(f.size for f in files) / 1e6, len(splits))
+    with sw("number_lines"):
+        ranged = [s for s in splits if s.format == "jsonl" and s.compression is None and s.end >= 0]
+        if ranged:
+            counts = _splits_df(spark, ranged).mapInArrow(_count_newlines_fn(), "path string, start bigint, n bigint").collect()
+            splits = readers.number_lines(splits, {(r["path"], r["start"]): r["n"] for r in counts})
+    opts = readers.ReadOptions(text_field=source.text_field, id_field=source.id_field,
+                               max_text_bytes=cfg.ingest.max_text_bytes, raw_prefix_chars=cfg.ingest.raw_prefix_chars)
+    n_files = cio.n_files_for(sum(f.size for f in files), cfg.ingest.target_file_mb)
+    tmp = cio.new_tmp_dir(final_dir)
+    with sw("read"):
+        records = _splits_df(spark, splits).mapInArrow(_read_splits_fn(opts), readers.INGEST_SPARK_SCHEMA)
+        records = records.persist(StorageLevel.MEMORY_AND_DISK)
+        tally = {r["reason"]: (r["n"], r["lines"]) for r in
+                 records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
+    blank_lines = int(tally.pop(BLANK, (0, 0))[1] or 0)
+    with sw("write"):
+        docs = records.where(F.col("reason").isNull())
+        w = Window.partitionBy("id").orderBy("origin_file", "origin_line")
+        ranked = (docs.repartition(n_files, "id")
+                  .withColumn("_rank", F.row_number().over(w))
+                  .withColumn("_first", F.first(F.concat_ws(":", "origin_file", F.col("origin_line").cast("string"))).over(w))
+                  .persist(StorageLevel.MEMORY_AND_DISK))
+        good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta").sortWithinPartitions("id")
+        good.write.mode("error").parquet(str(tmp))
+        cio.rename_parts(tmp)
+        dup = (ranked.where(F.col("_rank") > 1)
+               .select(F.lit(None).cast("string").alias("id"), F.lit(None).cast("string").alias("text"), "source",
+                       F.lit(None).cast("map<string,string>").alias("meta"), "origin_file", "origin_line",
+                       F.lit("duplicate_id").alias("reason"),
+                       F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
+                       F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
+        bad = records.where(F.col("reason").isNotNull() & (F.col("reason") != BLANK)).unionByName(dup)
+        n_dup = dup.count()
+        reasons = {k: int(v[0]) for k, v in tally.items() if k is not None}
+        if n_dup:
+            reasons["duplicate_id"] = int(n_dup)
+        outputs = []
+        if reasons:
+            cio.write_sorted_parquet(bad.drop("id", "text", "meta"), tmp / "_quarantine", max(1, n_files // 4),
+                                     sort_cols=("origin_file", "origin_line"))
+            outputs.append("_quarantine")
+    n_docs = int(tally.get(None, (0, 0))[0]) - int(n_dup)
+    counts = {
+        "records": n_docs + sum(reasons.values()),
+        "documents": n_docs,
+        "quarantined": sum(reasons.values()),
+        "quarantine_reasons": dict(sorted(reasons.items())),
+        "blank_lines": blank_lines,
+        "files": len(files),
+        "splits": len(splits),
+    }
+    records.unpersist()
+    ranked.unpersist()
+    manifest = cio.finalize(tmp, final_dir, {
+        "schema": ComponentManifest.SCHEMA, "job": JOB, "name": source.name, "config": config,
+        "inputs": inputs, "counts": counts, "timings_s": sw.timings_s, "outputs": outputs,
+        "license": source.license, "source_identifier": source.source_identifier,
+        "source_revision": source.source_revision,
+    })
+    if manifest.n_docs != counts["documents"]:
+        raise RuntimeError(f"ingest {source.name}: wrote {manifest.n_docs} documents, counted {counts['documents']}")
+    log.info("ingest %s: %d documents, %d quarantined %s, in %.1fs", source.name, manifest.n_docs,
+             counts["quarantined"], counts["quarantine_reasons"] or "", sum(sw.timings_s.values()))
+    return manifest
+
+
+def run_ingest(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[str, ComponentManifest]:
+    if not cfg.sources:
+        raise ValueError("the run config lists no sources to ingest")
+    sources = [s for s in cfg.sources if not only or s.name in only]
+    out = {}
+    for i, source in enumerate(sources, 1):
+        log.info("ingest [%d/%d] %s", i, len(sources), source.name)
+        out[source.name] = ingest_source(spark, source, cfg)
+    return out
