@@ -131,7 +131,7 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, torch.Tenso
     state = state.model_copy(update={"weights_dtype": ",".join(sorted(dtypes))})
     with atomic.atomic_path(directory) as tmp:
         tmp.mkdir()
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "schema": CHECKPOINT_SCHEMA})
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})   # one key: header bytes are deterministic
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
         (tmp / STATE).write_text(json.dumps(state.to_json_dict(), indent=2, sort_keys=True) + "\n")

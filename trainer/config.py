@@ -112,6 +112,14 @@ class InitFrom(_Strict):
     reset_step: bool = False                  # count steps from 0 instead of continuing the counter
 
 
+class AverageSection(_Strict):
+    """Build the CMA model at the end of the run: the equal-weight average of the last `n`
+    checkpoints, `spacing` steps apart (Puro §3.4: six, 100 steps), written to <run_dir>/average."""
+    n: int = Field(6, ge=1)
+    spacing: int = Field(100, ge=1)
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+
 class RunConfig(_Strict):
     schema_: str = Field("trainer-run/1", alias="schema")
     run_dir: str
@@ -130,18 +138,36 @@ class RunConfig(_Strict):
     eval: EvalSection = Field(default_factory=EvalSection)
     log: LogSection = Field(default_factory=LogSection)
     init_from: InitFrom | None = None
+    average: AverageSection | None = None
     notes: dict[str, Any] = Field(default_factory=dict)   # free-form labels (e.g. variant: CMA)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _check_average(self) -> "RunConfig":
+        a, c = self.average, self.checkpoint
+        if a is not None:
+            if c.every_steps == 0 or a.spacing % c.every_steps:
+                raise ValueError(f"average.spacing ({a.spacing}) must be a multiple of checkpoint.every_steps "
+                                 f"({c.every_steps}) so the averaged checkpoints exist")
+            if (a.n - 1) * a.spacing >= self.train.steps:
+                raise ValueError(f"averaging {a.n} checkpoints {a.spacing} steps apart needs more than "
+                                 f"{(a.n - 1) * a.spacing} steps; train.steps is {self.train.steps}")
+        return self
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
+    """Merge `over` into `base`; a mapping whose `kind` changes (a schedule) is replaced, not merged."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        b = out.get(k)
+        if isinstance(v, dict) and isinstance(b, dict) and v.get("kind", b.get("kind")) == b.get("kind"):
+            out[k] = _deep_merge(b, v)
+        else:
+            out[k] = v
     return out
 
 

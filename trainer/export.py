@@ -116,7 +116,7 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike, tokenizer: 
     state = ckpt.read_state(src)
     cfg = ModelConfig.model_validate(state.model)
     weights = to_hf_state_dict(ckpt.load_weights(src), cfg, dtype)
-    tok_src, tok_eos = (Path(tokenizer), eos_token) if tokenizer else tokenizer_for_checkpoint(state)
+    tok_src, tok_eos = tokenizer_for_checkpoint(state, tokenizer)
     out = Path(out)
     with atomic.atomic_path(out) as tmp:
         tmp.mkdir()
@@ -134,11 +134,19 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike, tokenizer: 
     return out
 
 
-def tokenizer_for_checkpoint(state: ckpt.CheckpointState) -> tuple[Path | None, str | None]:
-    """The tokenizer of the run's training shard set (from its manifest, through mixtures), if any."""
+def tokenizer_for_checkpoint(state: ckpt.CheckpointState, explicit: str | os.PathLike | None = None
+                             ) -> tuple[Path | None, str | None]:
+    """The tokenizer to ship with an export: `explicit`, else the run's `data.tokenizer`, else a
+    tokenizer.json stored with the run's training shard set. When the shard set is at hand, the
+    tokenizer must be the one it was made with (its sha256 is in the shard manifest)."""
+    from trainer.shards import check_tokenizer_file, shard_set_tokenizer
+
     data = state.config.get("data", {}) if state.config else {}
     shard_dir = data.get("train")
-    if not shard_dir:
-        return None, None
-    from trainer.shards import shard_set_tokenizer
-    return shard_set_tokenizer(shard_dir)
+    have_shards = bool(shard_dir) and (Path(shard_dir) / "manifest.json").is_file()
+    chosen = explicit or data.get("tokenizer")
+    if chosen:
+        return check_tokenizer_file(chosen, shard_dir) if have_shards else (Path(chosen), None)
+    if have_shards:
+        return shard_set_tokenizer(shard_dir)
+    return None, None

@@ -13,7 +13,13 @@ lr(k). All schedules give the *base* rate; the matrix optimizer runs at m x base
                open-ended (Puro phase 1) or with an optional final decay.
 - `linear`:    phase-2 decay: starts at the phase-1 terminal value at the run's first step (no jump)
                and falls linearly to `lr_end` at the final step.
-- `hold`:      the CMA continuation: the rate frozen at schedule(resume_step).
+- `hold`:      the CMA continuation as its own run: the rate frozen at a value (`init`: the value
+               the init_from checkpoint's schedule had at its step).
+
+Any schedule but `hold` also takes a tail: `hold_from_step: S` freezes it at schedule(S) from the
+absolute step S on (CDC/CMA as one run: follow the decay, then continue at the resume-point rate),
+and `horizon_steps` sets the schedule's own length when the run is longer or shorter than it (the
+CD decay horizon of a CDC run that continues past its resume step).
 
 `lr_start: init` / `lr: init` resolve from the `init_from` checkpoint (its recorded next-step base
 rate, which is schedule(resume_step)); `resolve_schedule` fills the number in before training.
@@ -30,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 class _Sched(BaseModel):
     model_config = ConfigDict(extra="forbid")
     warmup_steps: int = 0
+    hold_from_step: int | None = None     # absolute step S: lr(s >= S) = lr(S)  (CMA continuation)
+    horizon_steps: int | None = None      # the schedule's length from the run's start (default: the run's)
 
 
 class ConstantSchedule(_Sched):
@@ -170,6 +178,11 @@ def lr_at(cfg, step: int, *, total_steps: int, tokens_per_step: int, start_step:
 
     total_steps is the absolute step at which the run ends; start_step the run's first step
     (non-zero when it continues another run's checkpoint). Warmups count from start_step."""
+    if isinstance(cfg, _Sched):
+        if cfg.horizon_steps is not None:
+            total_steps = start_step + cfg.horizon_steps
+        if cfg.hold_from_step is not None and step > cfg.hold_from_step:
+            step = cfg.hold_from_step
     rel, rel_total = step - start_step, total_steps - start_step
     if isinstance(cfg, ConstantSchedule):
         return warmup(rel, cfg.warmup_steps, cfg.lr)

@@ -256,6 +256,7 @@ def _flatten(rec: dict, prefix: str = "") -> dict[str, Any]:
 class Progress:
     def __init__(self, mode: str, total: int, start: int, enabled: bool, every: int):
         self.mode = mode if enabled else "none"
+        self.enabled = enabled
         self.every = every
         self.total = total
         self.bar = None
@@ -274,10 +275,13 @@ class Progress:
             print(f"step {step}/{self.total} | {msg}", flush=True)
 
     def note(self, text: str) -> None:
+        """Start, eval and resume notes: on stdout with the progress, else in the log (stderr)."""
         if self.mode == "bar" and self.bar is not None:
             self.bar.write(text)
         elif self.mode == "line":
             print(text, flush=True)
+        elif self.enabled:
+            log.info(text)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -316,9 +320,12 @@ def _config_drift(saved: dict, current: dict, prefix: str = "") -> list[str]:
 def train(cfg: RunConfig) -> dict[str, Any]:
     """Run (or resume) the training described by `cfg`. Returns a summary dict (rank 0)."""
     dist_ = Dist(cfg.device)
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    warn_only_before = torch.is_deterministic_algorithms_warn_only_enabled()
     try:
         return _train(cfg, dist_)
     finally:
+        torch.use_deterministic_algorithms(deterministic_before, warn_only=warn_only_before)
         dist_.close()
 
 
@@ -432,6 +439,13 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
         lr_base_next=lr_at(schedule_cfg, s, total_steps=total_steps, tokens_per_step=tokens_per_step,
                            start_step=start_step))
 
+    protect: set[int] = set()
+    if cfg.average is not None:
+        if total_steps % cfg.checkpoint.every_steps:
+            raise ValueError(f"the run ends at step {total_steps}, not a multiple of checkpoint.every_steps "
+                             f"({cfg.checkpoint.every_steps}): the checkpoints to average would not exist")
+        protect = {total_steps - i * cfg.average.spacing for i in range(cfg.average.n)}
+
     def save(at_step: int) -> None:
         if dist_.is_main:
             state = ckpt.CheckpointState(
@@ -440,7 +454,7 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
                 model=model_cfg.model_dump(mode="json"))
             ckpt.save_checkpoint(ckpt_dir / ckpt.step_dir_name(at_step), weights_for_checkpoint(model),
                                  optimizer.state_dict(), state)
-            ckpt.prune(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+            ckpt.prune(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, protect)
         dist_.barrier()
 
     def run_eval(at_step: int) -> None:
@@ -509,16 +523,45 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
 
     if eval_factory is not None and cfg.eval.at_end and last_eval_step != step:
         run_eval(step)
-    if cfg.checkpoint.at_end and not ckpt_has(ckpt_dir, step):
+    if (cfg.checkpoint.at_end or cfg.average is not None) and not ckpt_has(ckpt_dir, step):
         save(step)
+    average_dir = average_eval = None
+    if cfg.average is not None:
+        average_dir, average_eval = build_average(cfg, run_dir, ckpt_dir, train_model, model, eval_factory, dist_,
+                                                  precision, use_doc_mask)
+        if average_eval is not None:
+            metrics.write({"kind": "eval", "model": "average", "step": step, "tokens_seen": tokens_seen, **average_eval})
+            progress.note(f"[eval] average of {cfg.average.n} checkpoints: held-out loss {average_eval['eval_loss']:.4f}")
     progress.close()
     metrics.close()
     summary = {"run_dir": str(run_dir), "step": step, "tokens_seen": tokens_seen, "params": params,
                "checkpoint": str(ckpt_dir / ckpt.step_dir_name(step)), "metrics": str(metrics.path),
-               "eval_loss": last_eval["eval_loss"] if last_eval else None}
+               "eval_loss": last_eval["eval_loss"] if last_eval else None,
+               "average": str(average_dir) if average_dir else None,
+               "average_eval_loss": average_eval["eval_loss"] if average_eval else None}
     if dist_.is_main:
         atomic.write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def build_average(cfg: RunConfig, run_dir: Path, ckpt_dir: Path, train_model, model, eval_factory, dist_: Dist,
+                  precision: str, use_doc_mask: bool):
+    """CMA at the end of the run: average the last n checkpoints into <run_dir>/average, then
+    evaluate the averaged weights on the held-out set (the trained weights are replaced in memory;
+    the run's own checkpoints are untouched)."""
+    from trainer.average import average_last
+
+    out = run_dir / "average"
+    if dist_.is_main:
+        average_last(ckpt_dir, out, n=cfg.average.n, spacing=cfg.average.spacing,
+                     dtype=getattr(torch, cfg.average.dtype))
+    dist_.barrier()
+    if eval_factory is None:
+        return out, None
+    with torch.no_grad():
+        for name, t in ckpt.load_weights(out, dist_.device).items():
+            model.get_parameter(name).copy_(t)
+    return out, evaluate(train_model, eval_factory(), dist_, precision, use_doc_mask)
 
 
 def ckpt_has(root: Path, step: int) -> bool:

@@ -1,0 +1,82 @@
+"""Fixtures for trainer tests: small shard sets (train, held-out, SFT) written through the mixtures
+package's writer from a learnable synthetic language, a tiny trained tokenizer, and run configs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer.data import EOS_SYNTHETIC, SyntheticStream
+
+VOCAB = 256
+SEQ_LEN = 32
+
+
+def synthetic_docs(first: int, n_sequences: int, seq_len: int = 63) -> list[list[int]]:
+    """Documents of the synthetic Markov language (EOS removed; the shard writer adds it back)."""
+    stream = SyntheticStream(VOCAB, seq_len, seed=0, global_batch=1, micro_batch=1)
+    docs: list[list[int]] = []
+    for seq in stream.sequences(first, n_sequences):
+        cur: list[int] = []
+        for t in seq.tolist():
+            if t == EOS_SYNTHETIC:
+                if cur:
+                    docs.append(cur)
+                cur = []
+            else:
+                cur.append(t)
+        if cur:
+            docs.append(cur)
+    return docs
+
+
+@pytest.fixture(scope="session")
+def shard_sets(tmp_path_factory):
+    """{"train", "heldout", "sft", "uniform", "curriculum"} shard-set directories (vocab 256, EOS 0)."""
+    from mixtures import write_token_lists
+
+    root = tmp_path_factory.mktemp("shards")
+    train_docs = synthetic_docs(0, 400)
+    write_token_lists(root / "train", train_docs, seq_len=SEQ_LEN, vocab_size=VOCAB, eos_id=EOS_SYNTHETIC,
+                      docs_per_shard=150)
+    write_token_lists(root / "heldout", synthetic_docs(10**6, 40), seq_len=SEQ_LEN, vocab_size=VOCAB,
+                      eos_id=EOS_SYNTHETIC)
+    # two phase-2 orders of the same pool: "curriculum" (as drawn) and "uniform" (a seeded shuffle)
+    pool = synthetic_docs(2 * 10**6, 200)
+    write_token_lists(root / "curriculum", pool, seq_len=SEQ_LEN, vocab_size=VOCAB, eos_id=EOS_SYNTHETIC)
+    order = np.random.default_rng(7).permutation(len(pool))
+    write_token_lists(root / "uniform", [pool[i] for i in order], seq_len=SEQ_LEN, vocab_size=VOCAB,
+                      eos_id=EOS_SYNTHETIC)
+    # SFT: "prompt" tokens not trained on, "answer" tokens trained on
+    rng = np.random.default_rng(3)
+    sft_docs, sft_masks = [], []
+    for d in synthetic_docs(3 * 10**6, 120):
+        cut = int(rng.integers(1, max(2, len(d))))
+        sft_docs.append(d)
+        sft_masks.append([0] * cut + [1] * (len(d) - cut))
+    write_token_lists(root / "sft", sft_docs, seq_len=SEQ_LEN, vocab_size=VOCAB, eos_id=EOS_SYNTHETIC,
+                      loss_masks=sft_masks)
+    return {k: str(root / k) for k in ("train", "heldout", "sft", "uniform", "curriculum")}
+
+
+def run_config(run_dir, shard_sets, **over) -> dict:
+    """A tiny run on the train/held-out shard sets, as a config dict."""
+    cfg = {
+        "run_dir": str(run_dir),
+        "seed": 0,
+        "model": {"preset": "tiny", "overrides": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+                                                  "d_ff": 64}},
+        "data": {"train": shard_sets["train"], "eval": shard_sets["heldout"]},
+        "train": {"steps": 8, "global_batch": 4, "micro_batch": 2},
+        "schedule": {"kind": "wsd", "lr": 2e-3, "warmup_steps": 2, "decay_ratio": 0.5},
+        "checkpoint": {"every_steps": 2, "keep_last": 2},
+        "eval": {"every_steps": 4, "sequences": 8},
+        "log": {"progress": "none"},
+    }
+    for key, value in over.items():
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return cfg
