@@ -12,8 +12,14 @@ from typing import Any
 # Sizes per profile. "demo" is what `make demo` runs (<= 15 min on 2 cores); "ci" is the reduced
 # chain the end-to-end test runs. Stages read their own keys with `ctx.size(key)`.
 PROFILES: dict[str, dict[str, Any]] = {
-    "demo": {},
-    "ci": {},
+    "demo": {
+        # proxy stage (proxy_eval): tiny base, one continuation per slice, benchmarks from held-out docs
+        "proxy_base_steps": 60, "proxy_steps": 30, "proxy_eval_docs": 24, "proxy_seq_len": 128, "proxy_batch": 8,
+    },
+    "ci": {
+        "proxy_base_steps": 6, "proxy_steps": 3, "proxy_eval_docs": 6, "proxy_seq_len": 64, "proxy_batch": 4,
+        "proxy_eval_chars": 600,
+    },
 }
 
 
