@@ -1,0 +1,238 @@
+"""Blockwise FP8 GEMMs and quantization kernels against BF16 ``torch.matmul`` on the same GPU, same run.
+
+For each Transformer linear of the 0.6B and 1.7B presets (K, N from ``trainer.flops.QWEN3_SHAPES``)
+and each micro-batch size M (tokens), it times:
+
+- ``bf16``: ``x @ w.t()`` in BF16 (cuBLAS),
+- ``fp8_gemm``: ``F.scaled_mm`` with 1x128 / 128x128 scales on pre-quantized operands (GEMM alone),
+- ``fp8_fwd``: the whole FP8 forward (Triton quantization of x and w + GEMM),
+- ``bf16_step`` / ``fp8_step``: forward + backward of one linear (Fprop, Dgrad, Wgrad; BF16
+  ``F.linear`` autograd against ``fp8_linear`` with the Triton quantizers and with the torch ones),
+and reports TFLOP/s (2MKN per GEMM, 6MKN per forward+backward) and the FP8/BF16 ratios. It also
+times the quantization kernels against a device-to-device copy (bandwidth ceiling).
+
+Run on the GPU:  python benchmarks/fp8_gemm.py --out $OUT
+Writes fp8_gemm.json and fp8_gemm.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.flops import QWEN3_SHAPES  # noqa: E402
+from trainer.fp8 import Fp8Recipe, fp8_linear, probe_scaled_mm, quantize_1x128, quantize_128x128  # noqa: E402
+from trainer.fp8 import gemm  # noqa: E402
+from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available  # noqa: E402
+
+
+def bench_ms(fn, reps: int = 5, inner: int = 10, warmup: int = 3) -> float:
+    """Median over `reps` of the mean time of `inner` back-to-back calls, by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+def device_info() -> dict:
+    info = {
+        "gpu": torch.cuda.get_device_name(0),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        info["triton"] = None
+    try:
+        info["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        ).stdout.strip()
+    except Exception as exc:  # noqa: BLE001
+        info["nvidia_smi"] = f"unavailable: {exc}"
+    return info
+
+
+def linear_cases(ms: list[int]) -> list[dict]:
+    cases = []
+    for preset in ("0.6b", "1.7b"):
+        shapes = QWEN3_SHAPES[preset].linear_shapes()
+        unique: dict[tuple[int, int], list[str]] = {}
+        for name, kn in shapes.items():
+            unique.setdefault(kn, []).append(name)
+        for m in ms:
+            for (k, n), names in unique.items():
+                cases.append({"preset": preset, "layers": "/".join(names), "M": m, "K": k, "N": n})
+    return cases
+
+
+def run_case(c: dict, caps, do_step: bool) -> dict:
+    m, k, n = c["M"], c["K"], c["N"]
+    dev = "cuda"
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w32 = torch.randn(n, k, device=dev) * k**-0.5
+    w = w32.to(torch.bfloat16)
+    out = dict(c)
+    flop = 2 * m * k * n
+    t = bench_ms(lambda: x @ w.t())
+    out["bf16_tflops"] = flop / t / 1e9
+    xq, xs = quantize_1x128(x)
+    wq, ws = quantize_128x128(w32)
+    t = bench_ms(lambda: gemm.scaled_mm_fprop(xq, xs, wq, ws, caps))
+    out["fp8_gemm_tflops"] = flop / t / 1e9
+    y_ref = gemm.emulated_fprop(xq, xs, wq, ws)
+    y = gemm.scaled_mm_fprop(xq, xs, wq, ws, caps)
+    out["fp8_gemm_relerr_vs_emulation"] = float((y.float() - y_ref).norm() / y_ref.norm())
+    if triton_available():
+        def fwd():
+            q, s, _, _ = quant_act(x, True, True, False)
+            wq_, _, ws_ = quant_weight(w32, True, False)
+            return gemm.scaled_mm_fprop(q, s, wq_, ws_, caps)
+
+        t = bench_ms(fwd)
+        out["fp8_fwd_tflops"] = flop / t / 1e9
+    if do_step:
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        xr = x.detach().requires_grad_()
+        wr = w32.detach().requires_grad_()
+
+        def bf16_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                yy = F.linear(xr, wr)
+            yy.backward(dy)
+
+        def fp8_step(quantizer):
+            def f():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    yy = fp8_linear(xr, wr, recipe=Fp8Recipe(backend="cuda-scaled-mm", quantizer=quantizer))
+                yy.backward(dy)
+            return f
+
+        t = bench_ms(bf16_step, reps=3, inner=5)
+        out["bf16_step_tflops"] = 3 * flop / t / 1e9
+        for quantizer in (["triton"] if triton_available() else []) + ["torch"]:
+            t = bench_ms(fp8_step(quantizer), reps=3, inner=5)
+            out[f"fp8_step_{quantizer}_tflops"] = 3 * flop / t / 1e9
+        xr.grad = None
+        wr.grad = None
+    out["speedup_gemm"] = out["fp8_gemm_tflops"] / out["bf16_tflops"]
+    if "fp8_step_triton_tflops" in out:
+        out["speedup_step"] = out["fp8_step_triton_tflops"] / out["bf16_step_tflops"]
+    return out
+
+
+def quant_bandwidth() -> list[dict]:
+    rows = []
+    for m, k in [(16384, 2048), (32768, 2048), (32768, 6144)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        t_copy = bench_ms(lambda: x.clone())
+        copy_gbs = 2 * x.numel() * 2 / t_copy / 1e6
+        r = {"M": m, "K": k, "copy_GBps": copy_gbs}
+        # bytes: read 2 B/elem, write 1 B row + 1 B transposed copy, scales 2 x 4 B / 128
+        nbytes = x.numel() * (2 + 1 + 1 + 8 / 128)
+        if triton_available():
+            t = bench_ms(lambda: quant_act(x, True, True, True))
+            r["triton_dual_ms"] = t
+            r["triton_dual_GBps"] = nbytes / t / 1e6
+            t = bench_ms(lambda: quant_act(x, True, True, False))
+            r["triton_row_ms"] = t
+        t = bench_ms(lambda: (quantize_1x128(x), quantize_1x128(x.t())))
+        r["torch_eager_dual_ms"] = t
+        compiled = torch.compile(lambda a: (quantize_1x128(a), quantize_1x128(a.t())))
+        compiled(x)
+        t = bench_ms(lambda: compiled(x))
+        r["torch_compiled_dual_ms"] = t
+        r["torch_compiled_dual_GBps"] = nbytes / t / 1e6
+        rows.append(r)
+    return rows
+
+
+def markdown(info: dict, cases: list[dict], quant: list[dict]) -> str:
+    lines = [
+        f"GPU {info['gpu']} (sm{info['capability']}), torch {info['torch']}, CUDA {info['cuda']}, "
+        f"triton {info['triton']}, {info['date_utc']} UTC. TFLOP/s; medians of CUDA-event timings.",
+        "",
+        "| preset | linear(s) | M | K | N | BF16 | FP8 GEMM | FP8 fwd (quant+GEMM) | x BF16 (GEMM) | BF16 fwd+bwd | FP8 fwd+bwd (Triton q) | FP8 fwd+bwd (torch q) | x BF16 (fwd+bwd) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        def f(key, fmt="{:.0f}"):
+            return fmt.format(c[key]) if key in c else "–"
+
+        lines.append(
+            f"| {c['preset']} | {c['layers']} | {c['M']} | {c['K']} | {c['N']} | {f('bf16_tflops')} | {f('fp8_gemm_tflops')} | "
+            f"{f('fp8_fwd_tflops')} | {f('speedup_gemm', '{:.2f}')} | {f('bf16_step_tflops')} | {f('fp8_step_triton_tflops')} | "
+            f"{f('fp8_step_torch_tflops')} | {f('speedup_step', '{:.2f}')} |"
+        )
+    lines += ["", "Quantization (x: M x K BF16 -> row copy + transposed copy, pow2 scales):", "",
+              "| M | K | copy GB/s | Triton dual ms | Triton dual GB/s | Triton row-only ms | torch eager ms | torch compiled ms | torch compiled GB/s |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in quant:
+        def g(key, fmt="{:.3f}"):
+            return fmt.format(r[key]) if key in r else "–"
+
+        lines.append(
+            f"| {r['M']} | {r['K']} | {g('copy_GBps', '{:.0f}')} | {g('triton_dual_ms')} | {g('triton_dual_GBps', '{:.0f}')} | "
+            f"{g('triton_row_ms')} | {g('torch_eager_dual_ms')} | {g('torch_compiled_dual_ms')} | {g('torch_compiled_dual_GBps', '{:.0f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--m", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--no-step", action="store_true", help="skip the forward+backward timings")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    info = device_info()
+    caps = probe_scaled_mm("cuda")
+    info["scaled_mm_caps"] = str(caps)
+    print(json.dumps(info), flush=True)
+    if not caps.blockwise:
+        raise SystemExit(f"blockwise F.scaled_mm unavailable: {caps.reason}")
+    cases = []
+    extra = [{"preset": "square", "layers": "-", "M": 8192, "K": 8192, "N": 8192}]
+    for c in extra + linear_cases(args.m):
+        r = run_case(c, caps, do_step=not args.no_step)
+        cases.append(r)
+        print(json.dumps(r), flush=True)
+    quant = quant_bandwidth()
+    for r in quant:
+        print(json.dumps(r), flush=True)
+    (out / "fp8_gemm.json").write_text(json.dumps({"device": info, "cases": cases, "quant": quant}, indent=1))
+    md = markdown(info, cases, quant)
+    (out / "fp8_gemm.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

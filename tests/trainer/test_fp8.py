@@ -1,0 +1,448 @@
+"""Blockwise FP8 (Puro §3.2; spec behaviours 26-27): quantizers, emulated GEMMs, gradients, converter.
+
+All on CPU through the exact emulation; the CUDA kernels are checked against it in test_fp8_gpu.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.fp8 import (
+    E4M3_MAX,
+    GROUP,
+    Fp8Linear,
+    Fp8Recipe,
+    convert_to_fp8,
+    dequantize_1x128,
+    dequantize_128x128,
+    fp8_linear,
+    fp8_module_names,
+    quantize_1x128,
+    quantize_128x128,
+    resolve_recipe,
+    scales_from_amax,
+)
+from trainer.fp8.gemm import emulated_dgrad, emulated_fprop, emulated_wgrad
+
+E4M3_MIN_NORMAL = 2.0**-6
+
+
+def _spread(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Gaussian values whose rows span many binades, so groups get very different scales."""
+    g = torch.Generator().manual_seed(seed)
+    mag = torch.exp2(torch.randint(-20, 21, (rows, 1), generator=g).float())
+    return torch.randn(rows, cols, generator=g) * mag
+
+
+def _is_pow2(s: torch.Tensor) -> bool:
+    mantissa, _ = torch.frexp(s)
+    return bool((mantissa == 0.5).all())
+
+
+# ---------------------------------------------------------------------------------- scales
+
+
+def test_pow2_scale_is_the_smallest_power_of_two_that_fits():
+    g = torch.Generator().manual_seed(0)
+    amax = torch.exp2(torch.empty(20000).uniform_(-60, 60, generator=g))
+    edge = torch.tensor([448.0, 449.0, 447.0, 256.0, 224.0, 896.0, 1.0, 3.5, 1.75 * 2**-30, 2.0**-50])
+    amax = torch.cat([amax, edge, torch.nextafter(edge, torch.tensor(0.0)), torch.nextafter(edge, torch.tensor(1e30))])
+    s, inv = scales_from_amax(amax, "pow2")
+    assert _is_pow2(s)
+    assert torch.equal(s * inv, torch.ones_like(s))
+    a = amax.double()
+    assert bool((a / s.double() <= E4M3_MAX).all()), "amax must fit under 448 after scaling"
+    assert bool((a / (s.double() / 2) > E4M3_MAX).all()), "half the scale must overflow (minimality)"
+    expected = torch.exp2(torch.ceil(torch.log2(a / E4M3_MAX)))
+    assert torch.equal(s.double(), expected)
+
+
+def test_fp32_scale_uses_the_full_range():
+    amax = torch.tensor([1.0, 448.0, 3.3e-3, 1234.5])
+    s, inv = scales_from_amax(amax, "fp32")
+    assert torch.allclose(s, amax / 448.0, rtol=0, atol=0)
+    x = torch.zeros(4, GROUP)
+    x[:, 0] = amax
+    q, _ = quantize_1x128(x, "fp32")
+    assert torch.equal(q[:, 0].float(), torch.full((4,), 448.0))
+
+
+def test_unknown_scale_format_is_rejected():
+    with pytest.raises(ValueError, match="scale_format"):
+        scales_from_amax(torch.ones(2), "e5m2")
+    with pytest.raises(ValueError):
+        Fp8Recipe(scale_format="int8")
+
+
+# ---------------------------------------------------------------------------------- 1x128 activations
+
+
+@pytest.mark.parametrize("cols", [256, 200, 128 * 3 + 1])
+def test_1x128_shapes_bounds_and_pow2_scales(cols):
+    x = _spread(64, cols, seed=cols)
+    q, s = quantize_1x128(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape
+    assert s.dtype == torch.float32 and s.shape == (64, math.ceil(cols / GROUP))
+    assert float(q.float().abs().max()) <= E4M3_MAX
+    assert _is_pow2(s)
+    # each group's largest value lands in (224, 448]: the scale is the smallest that fits
+    xpad = F.pad(x, (0, s.shape[1] * GROUP - cols)).reshape(64, -1, GROUP)
+    group_max = (xpad.abs().amax(-1) / s)
+    assert bool(((group_max > 224) & (group_max <= 448)).all())
+
+
+def test_1x128_dequantization_error_bound_for_normal_values():
+    x = _spread(128, 1024, seed=1)
+    q, s = quantize_1x128(x)
+    xd = dequantize_1x128(q, s)
+    scaled = (x / s.repeat_interleave(GROUP, 1)).abs()
+    normal = scaled >= E4M3_MIN_NORMAL
+    assert normal.float().mean() > 0.95
+    rel = ((xd - x).abs() / x.abs())[normal]
+    assert float(rel.max()) <= 2.0**-4
+    # subnormal values keep an absolute error of at most half the subnormal step (2**-10 * s)
+    sub_err = ((xd - x).abs() / s.repeat_interleave(GROUP, 1))[~normal]
+    assert float(torch.cat([sub_err, torch.zeros(1)]).max()) <= 2.0**-10
+
+
+def test_1x128_groups_are_independent_and_along_the_last_dim():
+    x = _spread(4, 512, seed=2)
+    _, s0 = quantize_1x128(x)
+    y = x.clone()
+    y[1, 130] = 1e3 * x[1].abs().max()  # group 1 of row 1 only
+    _, s1 = quantize_1x128(y)
+    changed = (s0 != s1).nonzero().tolist()
+    assert changed == [[1, 1]]
+
+
+def test_zero_groups_quantize_to_zero_with_a_finite_scale():
+    x = torch.zeros(3, 256)
+    x[0, :128] = 1.0
+    q, s = quantize_1x128(x)
+    assert torch.isfinite(s).all() and bool((s > 0).all())
+    assert torch.equal(q[1:].float(), torch.zeros(2, 256))
+    assert torch.equal(dequantize_1x128(q, s), x)
+
+
+def test_quantization_is_deterministic():
+    x = _spread(96, 384, seed=3).to(torch.bfloat16)
+    a = quantize_1x128(x)
+    b = quantize_1x128(x.clone())
+    assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+
+
+# ---------------------------------------------------------------------------------- 128x128 weights
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (200, 130)])
+def test_128x128_blocks(shape):
+    n, k = shape
+    w = torch.randn(n, k) * torch.exp2(torch.randint(-8, 9, (1, k)).float())
+    q, s = quantize_128x128(w)
+    assert q.shape == w.shape and s.shape == (math.ceil(n / GROUP), math.ceil(k / GROUP))
+    assert _is_pow2(s) and float(q.float().abs().max()) <= E4M3_MAX
+    # one scale per block: it is the pow2 scale of that block's amax
+    for bi in range(s.shape[0]):
+        for bj in range(s.shape[1]):
+            block = w[bi * GROUP:(bi + 1) * GROUP, bj * GROUP:(bj + 1) * GROUP]
+            expected, _ = scales_from_amax(block.abs().max().reshape(1))
+            assert float(s[bi, bj]) == float(expected)
+    wd = dequantize_128x128(q, s)
+    scaled = (w / s.repeat_interleave(GROUP, 0).repeat_interleave(GROUP, 1)[:n, :k]).abs()
+    normal = scaled >= E4M3_MIN_NORMAL
+    assert float(((wd - w).abs() / w.abs())[normal].max()) <= 2.0**-4
+
+
+def test_128x128_of_the_transpose_is_the_transpose():
+    w = torch.randn(384, 256)
+    q, s = quantize_128x128(w)
+    qt, st = quantize_128x128(w.t())
+    assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+    assert torch.equal(st, s.t())
+
+
+# ---------------------------------------------------------------------------------- GEMMs
+
+
+def _ref_operands(m=256, k=384, n=512, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) / math.sqrt(k)
+    dy = torch.randn(m, n, generator=g)
+    return x, w, dy
+
+
+def test_emulated_gemms_equal_float64_products_of_the_quantized_operands():
+    x, w, dy = _ref_operands()
+    xq, xs = quantize_1x128(x)
+    wq, ws = quantize_128x128(w)
+    dyq, dys = quantize_1x128(dy)
+    xd, wd, dyd = dequantize_1x128(xq, xs).double(), dequantize_128x128(wq, ws).double(), dequantize_1x128(dyq, dys).double()
+    y = emulated_fprop(xq, xs, wq, ws)
+    assert torch.allclose(y.double(), xd @ wd.t(), rtol=1e-5, atol=1e-5)
+    dx = emulated_dgrad(dyq, dys, wq, ws)
+    assert torch.allclose(dx.double(), dyd @ wd, rtol=1e-5, atol=1e-5)
+    dytq, dyts = quantize_1x128(dy.t())
+    xtq, xts = quantize_1x128(x.t())
+    dw = emulated_wgrad(dytq, dyts, xtq, xts)
+    ref = dequantize_1x128(dytq, dyts).double() @ dequantize_1x128(xtq, xts).double().t()
+    assert torch.allclose(dw.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def _relerr(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def test_fp8_linear_forward_error_against_fp32():
+    x, w, _ = _ref_operands()
+    y = fp8_linear(x, w)
+    ref = x @ w.t()
+    err = _relerr(y, ref)
+    assert 1e-3 < err < 0.05, err  # FP8 noise is there (not a silent fp32 path) but bounded
+
+
+def test_fp8_linear_gradients_match_autograd_of_the_emulation():
+    """dx and dw equal the products of the quantized operands the recipe prescribes (dy per 1x128
+    along N for Dgrad; dy and x per 1x128 along the tokens for Wgrad), and stay close to fp32."""
+    x, w, dy = _ref_operands()
+    x = x.requires_grad_()
+    w = w.clone().requires_grad_()
+    y = fp8_linear(x, w)
+    y.backward(dy)
+    # the emulation written as a differentiable float64 graph: y = Q(x) Q(w)^T with the gradient
+    # quantized on its way back (what an FP8 backward does)
+    wq, ws = quantize_128x128(w.detach())
+    dyq, dys = quantize_1x128(dy)
+    dytq, dyts = quantize_1x128(dy.t())
+    xtq, xts = quantize_1x128(x.detach().t())
+    dx_ref = dequantize_1x128(dyq, dys).double() @ dequantize_128x128(wq, ws).double()
+    dw_ref = dequantize_1x128(dytq, dyts).double() @ dequantize_1x128(xtq, xts).double().t()
+    assert torch.allclose(x.grad.double(), dx_ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(w.grad.double(), dw_ref, rtol=1e-5, atol=1e-4)
+    # and against plain fp32 autograd
+    x32, w32 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    (x32 @ w32.t()).backward(dy)
+    assert _relerr(x.grad, x32.grad) < 0.06
+    assert _relerr(w.grad, w32.grad) < 0.06
+
+
+def test_fp8_linear_handles_3d_inputs_bias_and_ragged_shapes():
+    torch.manual_seed(5)
+    lin = nn.Linear(200, 130, bias=True)
+    fl = Fp8Linear.from_linear(lin)
+    x = torch.randn(3, 37, 200, requires_grad=True)
+    y = fl(x)
+    assert y.shape == (3, 37, 130)
+    y.square().mean().backward()
+    assert x.grad.shape == x.shape and lin.weight.grad.shape == lin.weight.shape
+    assert lin.bias.grad is not None
+    ref = lin(x.detach())
+    assert _relerr(y.detach(), ref) < 0.05
+
+
+def test_only_fp8_tensors_are_saved_for_backward():
+    """Puro §3.2: the quantized input (not the BF16 one) is retained for Wgrad."""
+    x, w, _ = _ref_operands()
+    x = x.to(torch.bfloat16).requires_grad_()
+    w = w.requires_grad_()
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fp8_linear(x, w)
+    big = [t for t in saved if t.numel() >= x.numel() // 2]
+    assert big, "nothing large saved?"
+    assert all(t.dtype == torch.float8_e4m3fn for t in big), [t.dtype for t in big]
+
+
+def test_autocast_gives_bf16_output_and_master_dtype_gradients():
+    x, w, _ = _ref_operands()
+    x = x.requires_grad_()
+    w = w.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fp8_linear(x, w)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+
+
+def test_no_grad_forward_matches_training_forward():
+    x, w, _ = _ref_operands()
+    with torch.no_grad():
+        y0 = fp8_linear(x, w)
+    y1 = fp8_linear(x.requires_grad_(), w.requires_grad_())
+    assert torch.equal(y0, y1.detach())
+
+
+def test_fp32_scale_format_runs_and_is_at_least_as_accurate():
+    x, w, _ = _ref_operands(seed=6)
+    ref = x @ w.t()
+    e_pow2 = _relerr(fp8_linear(x, w, recipe=Fp8Recipe(scale_format="pow2")), ref)
+    e_fp32 = _relerr(fp8_linear(x, w, recipe=Fp8Recipe(scale_format="fp32")), ref)
+    assert e_fp32 < 0.05 and e_fp32 <= e_pow2 * 1.1
+
+
+def test_cuda_backend_on_cpu_tensors_is_refused():
+    x, w, _ = _ref_operands()
+    with pytest.raises(RuntimeError, match="CUDA"):
+        fp8_linear(x, w, recipe=Fp8Recipe(backend="cuda-scaled-mm"))
+
+
+# ---------------------------------------------------------------------------------- converter
+
+
+class _Block(nn.Module):
+    """A Qwen3-style block (the real model lives in trainer/model.py; this one keeps the test
+    independent of it)."""
+
+    def __init__(self, d: int, d_ff: int, n_heads: int, n_kv: int):
+        super().__init__()
+        hd = d // n_heads
+        self.n_heads, self.n_kv, self.hd = n_heads, n_kv, hd
+        self.attn_norm = nn.RMSNorm(d)
+        self.q_proj = nn.Linear(d, n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, n_kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, n_kv * hd, bias=False)
+        self.o_proj = nn.Linear(n_heads * hd, d, bias=False)
+        self.mlp_norm = nn.RMSNorm(d)
+        self.gate_proj = nn.Linear(d, d_ff, bias=False)
+        self.up_proj = nn.Linear(d, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(b, s, self.n_heads, self.hd).transpose(1, 2)
+        k = self.k_proj(h).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(h).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+        h = self.mlp_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class _TinyLM(nn.Module):
+    def __init__(self, vocab=512, d=128, d_ff=256, layers=2):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList([_Block(d, d_ff, 4, 2) for _ in range(layers)])
+        self.norm = nn.RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.embed_tokens(ids)
+        for block in self.layers:
+            x = block(x)
+        return self.lm_head(self.norm(x))
+
+
+def test_converter_swaps_exactly_the_block_linears_and_keeps_parameters():
+    torch.manual_seed(0)
+    model = _TinyLM()
+    before = {n: p for n, p in model.named_parameters()}
+    keys = list(model.state_dict())
+    out = convert_to_fp8(model, None)
+    assert out is model
+    names = fp8_module_names(model)
+    expected = [f"layers.{i}.{p}_proj" for i in range(2) for p in ("q", "k", "v", "o", "gate", "up", "down")]
+    assert sorted(names) == sorted(expected)
+    assert type(model.lm_head) is nn.Linear and type(model.embed_tokens) is nn.Embedding
+    assert list(model.state_dict()) == keys
+    after = dict(model.named_parameters())
+    assert all(after[n] is p for n, p in before.items()), "parameters must be shared, not copied"
+
+
+def test_converted_model_trains_and_stays_close_to_the_high_precision_model():
+    torch.manual_seed(0)
+    ref = _TinyLM()
+    model = _TinyLM()
+    model.load_state_dict(ref.state_dict())
+    convert_to_fp8(model, Fp8Recipe())
+    ids = torch.randint(0, 512, (4, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert _relerr(model(ids), ref(ids)) < 0.05
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 512), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0] - 1.0, losses
+
+
+def test_converter_accepts_recipes_mappings_and_run_configs():
+    class RunCfg:
+        precision = "fp8-blockwise"
+        fp8 = {"scale_format": "fp32"}
+
+    class PlainRunCfg:
+        precision = "fp8-blockwise"
+
+    class Bf16RunCfg:
+        precision = "bf16"
+
+    assert resolve_recipe(None) == Fp8Recipe()
+    assert resolve_recipe({"scale_format": "fp32"}).scale_format == "fp32"
+    assert resolve_recipe(RunCfg()).scale_format == "fp32"
+    assert resolve_recipe(PlainRunCfg()) == Fp8Recipe()
+    with pytest.raises(ValueError, match="bf16"):
+        resolve_recipe(Bf16RunCfg())
+    with pytest.raises(TypeError):
+        resolve_recipe(42)
+    model = _TinyLM(layers=1)
+    convert_to_fp8(model, RunCfg())
+    assert model.layers[0].q_proj.recipe.scale_format == "fp32"
+
+
+def test_converter_include_exclude_and_nothing_to_convert():
+    model = _TinyLM(layers=1)
+    convert_to_fp8(model, Fp8Recipe(include=r"(gate|up|down)_proj$"))
+    assert sorted(n.rsplit(".", 1)[1] for n in fp8_module_names(model)) == ["down_proj", "gate_proj", "up_proj"]
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        convert_to_fp8(nn.Sequential(nn.Embedding(4, 4)), None)
+    with pytest.raises(ValueError):
+        Fp8Recipe(exclude=["("])
+
+
+def test_converted_model_is_deterministic():
+    def run():
+        torch.manual_seed(3)
+        model = convert_to_fp8(_TinyLM(layers=1), None)
+        ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))
+        loss = F.cross_entropy(model(ids).reshape(-1, 512), ids.reshape(-1))
+        loss.backward()
+        return loss.detach(), model.layers[0].q_proj.weight.grad.clone()
+
+    (l1, g1), (l2, g2) = run(), run()
+    assert torch.equal(l1, l2) and torch.equal(g1, g2)
+
+
+def test_trainer_model_converts_its_block_linears_only():
+    """The trainer's Qwen3-style model: every block linear converts, embedding/LM head/norms do not,
+    and a forward/backward runs through the emulation."""
+    model_mod = pytest.importorskip("trainer.model")
+    cfg = model_mod.preset_config("tiny", vocab_size=1000)
+    model = model_mod.build_model(cfg, seed=0)
+    keys = list(model.state_dict())
+    convert_to_fp8(model, None)
+    names = fp8_module_names(model)
+    assert len(names) == 7 * cfg.n_layers
+    assert {n.rsplit(".", 1)[1] for n in names} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert type(model.lm_head) is nn.Linear and list(model.state_dict()) == keys
+    tokens = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(0))
+    logits = model(tokens)
+    F.cross_entropy(logits.reshape(-1, 1000), tokens.reshape(-1)).backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -1,0 +1,193 @@
+"""Blockwise FP8 on CUDA: Triton quantizers bit-exact against the torch reference, cuBLAS GEMMs
+against the emulation, torch.compile. Marked `gpu`; skipped cleanly without CUDA (`make test-gpu`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.fp8 import Fp8Linear, Fp8Recipe, convert_to_fp8, fp8_linear, probe_scaled_mm, quantize_1x128, quantize_128x128
+from trainer.fp8.gemm import emulated_dgrad, emulated_fprop, emulated_wgrad
+from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="needs Triton")
+needs_blockwise = pytest.mark.skipif(not _hopper(), reason="blockwise cuBLAS FP8 needs SM90+")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def _spread(m: int, k: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mag = torch.exp2(torch.randint(-12, 13, (m, 1), device="cuda", generator=g).float())
+    col = torch.exp2(torch.randint(-4, 5, (1, k), device="cuda", generator=g).float())
+    return (torch.randn(m, k, device="cuda", generator=g) * mag * col).to(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("m", [4096, 1000, 128])
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_triton_act_quant_is_bit_exact(m, scale_format):
+    k = 768
+    x = _spread(m, k, seed=m)
+    pow2 = scale_format == "pow2"
+    q, s, qt, st = quant_act(x, pow2, True, True)
+    rq, rs = quantize_1x128(x, scale_format)
+    assert torch.equal(_u8(q), _u8(rq)) and torch.equal(s, rs)
+    assert s.stride() == (1, m)  # column-major, as scaled_mm wants
+    m_pad = -(-m // 128) * 128
+    rqt, rst = quantize_1x128(F.pad(x, (0, 0, 0, m_pad - m)).t(), scale_format)
+    assert qt.shape == (k, m_pad) and torch.equal(_u8(qt), _u8(rqt)) and torch.equal(st, rst)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_weight_quant_is_bit_exact(dtype):
+    w = _spread(1024, 640, seed=7, dtype=dtype)
+    q, qt, s = quant_weight(w, True, True)
+    rq, rs = quantize_128x128(w)
+    assert torch.equal(_u8(q), _u8(rq)) and torch.equal(s, rs)
+    assert torch.equal(_u8(qt), _u8(rq.t().contiguous()))
+
+
+@needs_blockwise
+def test_probe_finds_blockwise_scaled_mm():
+    caps = probe_scaled_mm("cuda")
+    assert caps.blockwise, caps.reason
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@needs_blockwise
+@pytest.mark.parametrize("mkn", [(4096, 2048, 6144), (4096, 6144, 2048), (1000, 1024, 384)])
+def test_cublas_gemms_match_the_emulation(mkn):
+    from trainer.fp8 import gemm
+
+    m, k, n = mkn
+    caps = probe_scaled_mm("cuda")
+    x = _spread(m, k, seed=1)
+    w = (torch.randn(n, k, device="cuda") / k**0.5)
+    dy = _spread(m, n, seed=2)
+    xq, xs = quantize_1x128(x)
+    wq, ws = quantize_128x128(w)
+    dyq, dys = quantize_1x128(dy)
+    y = gemm.scaled_mm_fprop(xq, xs, wq, ws, caps)
+    assert _rel(y, emulated_fprop(xq, xs, wq, ws, torch.float64)) < 5e-3
+    dx = gemm.scaled_mm_dgrad(dyq, dys, wq.t().contiguous(), ws, caps)
+    assert _rel(dx, emulated_dgrad(dyq, dys, wq, ws, torch.float64)) < 5e-3
+    m_pad = -(-m // 128) * 128
+    dytq, dyts = quantize_1x128(F.pad(dy, (0, 0, 0, m_pad - m)).t())
+    xtq, xts = quantize_1x128(F.pad(x, (0, 0, 0, m_pad - m)).t())
+    dw = gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, caps)
+    assert _rel(dw, emulated_wgrad(dytq, dyts, xtq, xts, torch.float64)) < 5e-3
+
+
+@needs_blockwise
+@pytest.mark.parametrize("quantizer", ["torch", "triton"])
+def test_fp8_linear_on_cuda_matches_the_emulation_forward_and_backward(quantizer):
+    if quantizer == "triton" and not triton_available():
+        pytest.skip("needs Triton")
+    torch.manual_seed(0)
+    x = _spread(2 * 1000, 1024, seed=3).view(2, 1000, 1024).requires_grad_()
+    w = (torch.randn(3072, 1024, device="cuda") * 0.02).requires_grad_()
+    dy = _spread(2000, 3072, seed=4).view(2, 1000, 3072)
+    y = fp8_linear(x, w, recipe=Fp8Recipe(backend="cuda-scaled-mm", quantizer=quantizer))
+    y.backward(dy)
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ye = fp8_linear(xe, we, recipe=Fp8Recipe(backend="emulate"))
+    ye.backward(dy)
+    assert y.dtype == torch.bfloat16
+    assert _rel(y, ye) < 1e-2
+    assert _rel(x.grad, xe.grad) < 1e-2
+    assert _rel(w.grad, we.grad) < 1e-2
+    assert w.grad.dtype == torch.float32
+
+
+@needs_blockwise
+@needs_triton
+def test_triton_and_torch_quantizers_give_identical_layers():
+    x = _spread(4096, 2048, seed=5).requires_grad_()
+    w = (torch.randn(2048, 2048, device="cuda") * 0.02).requires_grad_()
+    dy = _spread(4096, 2048, seed=6)
+    grads = []
+    for quantizer in ("torch", "triton"):
+        xi, wi = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = fp8_linear(xi, wi, recipe=Fp8Recipe(backend="cuda-scaled-mm", quantizer=quantizer))
+        y.backward(dy)
+        grads.append((y.detach(), xi.grad, wi.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+class _Tiny(nn.Module):
+    def __init__(self, d=512, ff=1536, vocab=1024, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(dict(norm=nn.RMSNorm(d), up_proj=nn.Linear(d, ff, bias=False),
+                               gate_proj=nn.Linear(d, ff, bias=False), down_proj=nn.Linear(ff, d, bias=False)))
+            for _ in range(layers)
+        )
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            h = b["norm"](x)
+            x = x + b["down_proj"](F.silu(b["gate_proj"](h)) * b["up_proj"](h))
+        return self.lm_head(x)
+
+
+@needs_blockwise
+def test_torch_compile_of_a_converted_model_matches_eager():
+    torch.manual_seed(0)
+    model = _Tiny().cuda()
+    convert_to_fp8(model, Fp8Recipe(backend="cuda-scaled-mm"))
+    ids = torch.randint(0, 1024, (4, 512), device="cuda")
+
+    def loss_of(m):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = m(ids)
+        return F.cross_entropy(logits.float().reshape(-1, 1024), ids.reshape(-1))
+
+    eager = loss_of(model)
+    eager.backward()
+    g_eager = model.blocks[0]["up_proj"].weight.grad.clone()
+    model.zero_grad()
+    compiled = torch.compile(model)
+    loss_c = loss_of(compiled)
+    loss_c.backward()
+    g_c = model.blocks[0]["up_proj"].weight.grad
+    assert abs(loss_c.item() - eager.item()) < 1e-2
+    assert _rel(g_c, g_eager) < 2e-2
+
+
+@needs_blockwise
+def test_converted_trainer_model_runs_on_cuda():
+    model_mod = pytest.importorskip("trainer.model")
+    cfg = model_mod.preset_config("150m", vocab_size=4096)
+    model = model_mod.build_model(cfg, seed=0, device="cuda")
+    convert_to_fp8(model, None)
+    ids = torch.randint(0, 4096, (2, 1024), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(ids)
+    loss = F.cross_entropy(logits.float().reshape(-1, 4096), ids.reshape(-1))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Fp8Linear)

@@ -1,0 +1,233 @@
+"""The three GEMMs of a blockwise-FP8 linear layer, emulated and on cuBLAS through ``F.scaled_mm``.
+
+Notation (Puro §3.2): ``x`` (M, K) tokens x in-features, ``w`` (N, K), ``y = x w^T`` (M, N).
+
+==========  =====================  ===========================  ==========================
+GEMM        A (groups along red.)  B                            reduction
+==========  =====================  ===========================  ==========================
+Fprop       x, 1x128 along K       w, 128x128                   K
+Dgrad       dy, 1x128 along N      w, 128x128 (used as w^T^T)   N
+Wgrad       dy^T, 1x128 along M    x^T, 1x128 along M           M (tokens)
+==========  =====================  ===========================  ==========================
+
+The emulation dequantizes (exact: E4M3 values times power-of-two scales fit float32) and multiplies
+in float32, so it differs from the tensor-core result only by float32 summation order. It runs on any
+device and is what CI tests; on the GPU the cuBLAS path is checked against it.
+
+``F.scaled_mm`` layouts (measured on the lent H200, ``shared/spec/environment.md`` §10): both operands
+K-major (B passed as the transpose of a row-major (N, K) tensor), 1x128 scales as an (rows, K/128)
+column-major tensor, 128x128 scales as a (Kb, Nb) column-major tensor, where some PyTorch versions
+want Kb rounded up to a multiple of 4. Which form this PyTorch wants, and whether Wgrad can write
+float32 directly, is found once per device by :func:`probe_scaled_mm` on small random problems
+checked against the emulation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from trainer.fp8.quantize import (
+    dequantize_1x128,
+    dequantize_128x128,
+    quantize_1x128,
+    quantize_128x128,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------
+# Emulation (any device)
+# ----------------------------------------------------------------------------------------------
+
+
+def _no_autocast(device_type: str):
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
+def emulated_fprop(xq, xs, wq, ws, compute_dtype=torch.float32) -> torch.Tensor:
+    """``y = deq(x) deq(w)^T`` in ``compute_dtype`` (float32 by default)."""
+    with _no_autocast(xq.device.type):
+        a = dequantize_1x128(xq, xs).to(compute_dtype)
+        b = dequantize_128x128(wq, ws).to(compute_dtype)
+        return a @ b.t()
+
+
+def emulated_dgrad(dyq, dys, wq, ws, compute_dtype=torch.float32) -> torch.Tensor:
+    """``dx = deq(dy) deq(w)``."""
+    with _no_autocast(dyq.device.type):
+        a = dequantize_1x128(dyq, dys).to(compute_dtype)
+        b = dequantize_128x128(wq, ws).to(compute_dtype)
+        return a @ b
+
+
+def emulated_wgrad(dytq, dyts, xtq, xts, compute_dtype=torch.float32) -> torch.Tensor:
+    """``dw = deq(dy^T) deq(x^T)^T``, both quantized along the tokens."""
+    with _no_autocast(dytq.device.type):
+        a = dequantize_1x128(dytq, dyts).to(compute_dtype)
+        b = dequantize_1x128(xtq, xts).to(compute_dtype)
+        return a @ b.t()
+
+
+# ----------------------------------------------------------------------------------------------
+# cuBLAS blockwise through F.scaled_mm (CUDA, Hopper and later)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledMmCaps:
+    """What ``F.scaled_mm`` blockwise does on one device (found by :func:`probe_scaled_mm`)."""
+
+    blockwise: bool
+    reason: str = ""
+    pad_block_scales: bool = True  # 128x128 scale operand: reduction blocks rounded up to 4
+    wgrad_fp32_out: bool = False
+
+
+_CAPS: dict[tuple[str, int], ScaledMmCaps] = {}
+
+
+def _round_up(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def colmajor(s: torch.Tensor) -> torch.Tensor:
+    """The same (rows, groups) scales as a column-major tensor (strides (1, rows))."""
+    rows, cols = s.shape
+    if s.stride(0) == 1 and (cols == 1 or s.stride(1) == rows):
+        return s
+    return s.t().contiguous().t()
+
+
+def block_scale_operand(s: torch.Tensor, pad: bool) -> torch.Tensor:
+    """128x128 scales of B given as (out_blocks, red_blocks) -> the (red_blocks[, padded], out_blocks)
+    column-major operand of ``F.scaled_mm``."""
+    out_blocks, red_blocks = s.shape
+    width = _round_up(red_blocks, 4) if pad else red_blocks
+    if width != red_blocks:
+        s = F.pad(s, (0, width - red_blocks), value=1.0)
+    return s.contiguous().t()
+
+
+def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``y (M, N) = x (M, K) w (N, K)^T`` on cuBLAS. ``ws`` is (N/128, K/128)."""
+    return F.scaled_mm(
+        xq, wq.t(),
+        colmajor(xs), F.ScalingType.BlockWise1x128,
+        block_scale_operand(ws, caps.pad_block_scales), F.ScalingType.BlockWise128x128,
+        output_dtype=out_dtype,
+    )
+
+
+def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``dx (M, K) = dy (M, N) w (N, K)``; ``wtq`` is the row-major (K, N) transposed copy of ``wq``
+    and ``ws`` the (N/128, K/128) block scales of ``w``."""
+    return F.scaled_mm(
+        dyq, wtq.t(),
+        colmajor(dys), F.ScalingType.BlockWise1x128,
+        block_scale_operand(ws.t(), caps.pad_block_scales), F.ScalingType.BlockWise128x128,
+        output_dtype=out_dtype,
+    )
+
+
+def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.float32) -> torch.Tensor:
+    """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M."""
+    want = out_dtype if (out_dtype != torch.float32 or caps.wgrad_fp32_out) else torch.bfloat16
+    dw = F.scaled_mm(
+        dytq, xtq.t(),
+        colmajor(dyts), F.ScalingType.BlockWise1x128,
+        colmajor(xts), F.ScalingType.BlockWise1x128,
+        output_dtype=want,
+    )
+    return dw if dw.dtype == out_dtype else dw.to(out_dtype)
+
+
+def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def _probe_operands(device, m, k, n, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    # magnitudes spread over many binades, per row and per column, so that a scale applied to the
+    # wrong group or block shows up as a large error
+    x = torch.randn(m, k, device=device, generator=gen) * torch.exp2(
+        torch.randint(-6, 7, (m, 1), device=device, generator=gen).float()
+    )
+    w = torch.randn(n, k, device=device, generator=gen) * torch.exp2(
+        torch.randint(-6, 7, (1, k), device=device, generator=gen).float()
+    )
+    return x.to(torch.bfloat16), w
+
+
+def probe_scaled_mm(device: torch.device | str | None = None) -> ScaledMmCaps:
+    """Find out once per device whether blockwise ``F.scaled_mm`` runs and is right, and which scale
+    layout variants it takes. Never raises: a failure is recorded in ``reason``."""
+    device = torch.device(device if device is not None else "cuda")
+    if device.type != "cuda":
+        return ScaledMmCaps(False, "not a CUDA device")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = ("cuda", index)
+    if key in _CAPS:
+        return _CAPS[key]
+    caps = _probe(torch.device("cuda", index))
+    _CAPS[key] = caps
+    log.info("fp8: F.scaled_mm blockwise on cuda:%d: %s", index, caps)
+    return caps
+
+
+def _probe(device: torch.device) -> ScaledMmCaps:
+    if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
+        return ScaledMmCaps(False, f"torch {torch.__version__} has no F.scaled_mm")
+    if not hasattr(F.ScalingType, "BlockWise128x128"):
+        return ScaledMmCaps(False, f"torch {torch.__version__} F.scaled_mm lacks BlockWise128x128")
+    try:
+        # K = 640: 5 reduction blocks, so the rounding of 128x128 scale operands shows
+        m, k, n = 256, 640, 384
+        x, w = _probe_operands(device, m, k, n)
+        xq, xs = quantize_1x128(x)
+        wq, ws = quantize_128x128(w)
+        ref = emulated_fprop(xq, xs, wq, ws)
+        pad_choice, errors = None, []
+        for pad in (True, False):
+            try:
+                y = scaled_mm_fprop(xq, xs, wq, ws, ScaledMmCaps(True, pad_block_scales=pad))
+                err = _relerr(y, ref)
+                if err < 2e-2:
+                    pad_choice = pad
+                    break
+                errors.append(f"pad={pad}: rel. error {err:.2e}")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"pad={pad}: {type(exc).__name__}: {str(exc)[:160]}")
+        if pad_choice is None:
+            return ScaledMmCaps(False, "fprop probe failed: " + "; ".join(errors))
+        caps = ScaledMmCaps(True, "ok", pad_block_scales=pad_choice)
+        # Dgrad with the transposed weight copy
+        dy = torch.randn(m, n, device=device).to(torch.bfloat16)
+        dyq, dys = quantize_1x128(dy)
+        dx = scaled_mm_dgrad(dyq, dys, wq.t().contiguous(), ws, caps)
+        err = _relerr(dx, emulated_dgrad(dyq, dys, wq, ws))
+        if err > 2e-2:
+            return ScaledMmCaps(False, f"dgrad probe: rel. error {err:.2e}")
+        # Wgrad, both operands along the tokens; try float32 output first
+        dytq, dyts = quantize_1x128(dy.t())
+        xtq, xts = quantize_1x128(x.t())
+        ref_w = emulated_wgrad(dytq, dyts, xtq, xts)
+        fp32_ok = False
+        try:
+            dw = scaled_mm_wgrad(dytq, dyts, xtq, xts, dataclasses.replace(caps, wgrad_fp32_out=True))
+            fp32_ok = dw.dtype == torch.float32 and _relerr(dw, ref_w) < 1e-3
+        except Exception:  # noqa: BLE001
+            fp32_ok = False
+        caps = dataclasses.replace(caps, wgrad_fp32_out=fp32_ok)
+        dw = scaled_mm_wgrad(dytq, dyts, xtq, xts, caps, out_dtype=torch.bfloat16)
+        err = _relerr(dw, ref_w)
+        if err > 2e-2:
+            return ScaledMmCaps(False, f"wgrad probe: rel. error {err:.2e}")
+        return caps
+    except Exception as exc:  # noqa: BLE001
+        return ScaledMmCaps(False, f"probe raised {type(exc).__name__}: {str(exc)[:200]}")
+

@@ -1,0 +1,213 @@
+"""``Fp8Linear``: a drop-in ``nn.Linear`` whose Fprop, Dgrad and Wgrad run in blockwise FP8.
+
+Puro §3.2: the layer "quantizes its BF16 inputs and weights immediately before GEMM and materializes
+a BF16 output", and "its quantized input is retained for Wgrad". Here:
+
+- forward: ``x`` (tokens, K) is quantized per 1x128 along K for Fprop and, in the same pass, per
+  1x128 along the tokens into the transposed copy Wgrad needs; only that FP8 copy (1 byte per value
+  plus one float32 scale per 128) is saved for backward, never the BF16 input. The weight is
+  quantized per 128x128 block (its transposed FP8 copy is saved for Dgrad).
+- backward: ``dy`` is quantized per 1x128 along N (Dgrad) and along the tokens (Wgrad).
+- the output dtype is the autocast dtype under autocast (BF16 in training), else the input's dtype;
+  ``dx`` has the input's dtype and ``dw`` the weight's (float32 master weights get float32 gradients).
+
+Parameters are the same ``weight``/``bias`` objects as the ``nn.Linear`` it replaces, so state
+dicts, optimizers built before conversion, MuonH radii and HF export are unaffected.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.fp8 import gemm
+from trainer.fp8.quantize import ceil_div, quantize_1x128, quantize_128x128
+from trainer.fp8.recipe import GROUP, Fp8Recipe
+from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available
+
+EMULATE = "emulate"
+SCALED_MM = "cuda-scaled-mm"
+
+
+def _compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+def resolve_backend(recipe: Fp8Recipe, x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
+    """(backend, quantizer) actually used for this call. Pure Python on constants, so
+    ``torch.compile`` resolves it at trace time."""
+    n, k = weight.shape
+    aligned = k % GROUP == 0 and n % GROUP == 0
+    if recipe.backend == EMULATE or not x.is_cuda:
+        if recipe.backend == SCALED_MM:
+            raise RuntimeError("fp8 backend 'cuda-scaled-mm' needs CUDA tensors; use 'auto' or 'emulate'")
+        return EMULATE, "torch"
+    if recipe.backend == SCALED_MM and not aligned:
+        raise RuntimeError(
+            f"fp8 backend 'cuda-scaled-mm' needs in/out features divisible by {GROUP}, got ({k}, {n}); "
+            "use backend 'auto' (falls back to the emulation for such layers) or exclude the layer"
+        )
+    caps = gemm._CAPS.get(("cuda", x.device.index if x.device.index is not None else 0))
+    if caps is None and not _compiling():
+        caps = gemm.probe_scaled_mm(x.device)
+    if caps is None or not caps.blockwise or not aligned:
+        if recipe.backend == SCALED_MM:
+            reason = caps.reason if caps is not None else "not probed before torch.compile traced the layer"
+            raise RuntimeError(f"fp8 backend 'cuda-scaled-mm' is not usable here: {reason}")
+        return EMULATE, "torch"
+    quantizer = recipe.quantizer
+    if quantizer == "auto":
+        quantizer = "torch" if (_compiling() or not triton_available()) else "triton"
+    return SCALED_MM, quantizer
+
+
+def _caps_for(x: torch.Tensor) -> gemm.ScaledMmCaps:
+    return gemm._CAPS[("cuda", x.device.index if x.device.index is not None else 0)]
+
+
+def _pad_rows(x2: torch.Tensor) -> torch.Tensor:
+    m = x2.shape[0]
+    m_pad = ceil_div(m, GROUP) * GROUP
+    return x2 if m_pad == m else F.pad(x2, (0, 0, 0, m_pad - m))
+
+
+def _quant_act(x2: torch.Tensor, scale_format: str, quantizer: str, backend: str, rows: bool, transposed: bool):
+    """(q, s, qt, st): row copy with groups along the columns, and the transposed copy with groups
+    along the rows (tokens). Missing copies are None."""
+    if quantizer == "triton":
+        q, s, qt, st = quant_act(x2, scale_format == "pow2", rows, transposed)
+        return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
+    row = quantize_1x128(x2, scale_format) if rows else (None, None)
+    if transposed:
+        # cuBLAS needs the token (reduction) dimension of Wgrad padded to 128; zero rows add nothing
+        src = _pad_rows(x2) if backend == SCALED_MM else x2
+        col = quantize_1x128(src.t(), scale_format)
+    else:
+        col = (None, None)
+    return row, col
+
+
+def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backend: str, transposed: bool):
+    """(wq, ws, wtq): the 128x128-quantized weight, its (N/128, K/128) scales and, for the cuBLAS
+    Dgrad, the transposed row-major FP8 copy (None otherwise)."""
+    if quantizer == "triton":
+        wq, wtq, ws = quant_weight(weight, scale_format == "pow2", transposed and backend == SCALED_MM)
+        return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
+    wq, ws = quantize_128x128(weight, scale_format)
+    wtq = wq.t().contiguous() if (transposed and backend == SCALED_MM) else None
+    return wq, ws, wtq
+
+
+def _fprop(xq, xs, wq, ws, backend, x, out_dtype):
+    if backend == SCALED_MM:
+        y = gemm.scaled_mm_fprop(xq, xs, wq, ws, _caps_for(x), out_dtype=torch.bfloat16)
+    else:
+        y = gemm.emulated_fprop(xq, xs, wq, ws)
+    return y.to(out_dtype)
+
+
+def _output_dtype(x: torch.Tensor) -> torch.dtype:
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale_format: str, backend: str, quantizer: str, out_dtype: torch.dtype):
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        (xq, xs), (xtq, xts) = _quant_act(x2, scale_format, quantizer, backend, rows=True, transposed=need_dw)
+        wq, ws, wtq = _quant_weight(weight, scale_format, quantizer, backend, transposed=need_dx)
+        y = _fprop(xq, xs, wq, ws, backend, x, out_dtype)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.scale_format, ctx.backend, ctx.quantizer = scale_format, backend, quantizer
+        ctx.m, ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x2.shape[0], x.shape, x.dtype, weight.dtype
+        ctx.has_bias = bias is not None
+        # what backward needs: FP8 x^T (Wgrad) and FP8 w (Dgrad: the transposed copy on cuBLAS)
+        w_for_dgrad = wtq if backend == SCALED_MM else wq
+        ctx.save_for_backward(
+            xtq if need_dw else None, xts if need_dw else None,
+            w_for_dgrad if need_dx else None, ws if need_dx else None,
+        )
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        xtq, xts, wdq, ws = ctx.saved_tensors
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n = dy.shape[-1]
+        dy2 = dy.reshape(-1, n)
+        backend = ctx.backend
+        (dyq, dys), (dytq, dyts) = _quant_act(
+            dy2, ctx.scale_format, ctx.quantizer, backend, rows=need_dx, transposed=need_dw
+        )
+        dx = dw = db = None
+        if need_dx:
+            if backend == SCALED_MM:
+                dx = gemm.scaled_mm_dgrad(dyq, dys, wdq, ws, _caps_for(dy), out_dtype=torch.bfloat16)
+            else:
+                dx = gemm.emulated_dgrad(dyq, dys, wdq, ws)
+            dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
+        if need_dw:
+            if backend == SCALED_MM:
+                dw = gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(dy), out_dtype=ctx.w_dtype)
+            else:
+                dw = gemm.emulated_wgrad(dytq, dyts, xtq, xts).to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db, None, None, None, None
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    recipe: Fp8Recipe | None = None,
+) -> torch.Tensor:
+    """``F.linear`` with Fprop, Dgrad and Wgrad in blockwise FP8 (Puro §3.2)."""
+    recipe = recipe or Fp8Recipe()
+    backend, quantizer = resolve_backend(recipe, x, weight)
+    out_dtype = _output_dtype(x)
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        # inference: no transposed copies, nothing saved
+        x2 = x.reshape(-1, x.shape[-1])
+        (xq, xs), _ = _quant_act(x2, recipe.scale_format, quantizer, backend, rows=True, transposed=False)
+        wq, ws, _ = _quant_weight(weight, recipe.scale_format, quantizer, backend, transposed=False)
+        y = _fprop(xq, xs, wq, ws, backend, x, out_dtype)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+    return _Fp8LinearFn.apply(x, weight, bias, recipe.scale_format, backend, quantizer, out_dtype)
+
+
+class Fp8Linear(nn.Linear):
+    """``nn.Linear`` computed in blockwise FP8; same parameters, same state-dict keys."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 recipe: Fp8Recipe | None = None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = recipe or Fp8Recipe()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: Fp8Recipe | None = None) -> Fp8Linear:
+        """A new ``Fp8Linear`` that shares ``linear``'s parameter objects (no copy)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.recipe = recipe or Fp8Recipe()
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.bias, self.recipe)
+
+    def extra_repr(self) -> str:
+        r = self.recipe
+        return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={r.scale_format}, backend={r.backend}"
