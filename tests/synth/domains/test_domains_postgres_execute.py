@@ -40,12 +40,15 @@ def pg_dsn():
     data, port = os.path.join(tmp, "data"), 55000 + os.getpid() % 1000
     subprocess.run([*as_user, f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "synth", "--no-sync"],
                    check=True, capture_output=True)
-    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-o", f"-k {tmp} -p {port} -c listen_addresses=''",
-                    "-w", "start"], check=True, capture_output=True)
+    # the server must not inherit our pipes (run() would wait for them to close): log to a file
+    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-l", os.path.join(tmp, "server.log"),
+                    "-o", f"-k {tmp} -p {port} -c listen_addresses=''", "-w", "-t", "60", "start"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90)
     try:
         yield f"postgresql://synth@/postgres?host={tmp}&port={port}"
     finally:
-        subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
