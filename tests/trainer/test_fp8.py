@@ -446,3 +446,14 @@ def test_trainer_model_converts_its_block_linears_only():
     logits = model(tokens)
     F.cross_entropy(logits.reshape(-1, 1000), tokens.reshape(-1)).backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_quantized_copies_are_row_major_even_for_transposed_inputs():
+    """cuBLAS needs the FP8 A operand row-major; quantizing x.t() (Wgrad) must not return a view."""
+    x = torch.randn(256, 384, dtype=torch.bfloat16)
+    q, s = quantize_1x128(x.t())
+    assert q.is_contiguous() and q.shape == (384, 256)
+    ref, _ = quantize_1x128(x.t().contiguous())
+    assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
+    qw, _ = quantize_128x128(torch.randn(256, 384).t())
+    assert qw.is_contiguous()

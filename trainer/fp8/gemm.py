@@ -103,6 +103,10 @@ def colmajor(s: torch.Tensor) -> torch.Tensor:
     return s.t().contiguous().t()
 
 
+def _rowmajor(q: torch.Tensor) -> torch.Tensor:
+    return q if q.is_contiguous() else q.contiguous()
+
+
 def block_scale_operand(s: torch.Tensor, pad: bool) -> torch.Tensor:
     """128x128 scales of B given as (out_blocks, red_blocks) -> the (red_blocks[, padded], out_blocks)
     column-major operand of ``F.scaled_mm``."""
@@ -116,7 +120,7 @@ def block_scale_operand(s: torch.Tensor, pad: bool) -> torch.Tensor:
 def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
     """``y (M, N) = x (M, K) w (N, K)^T`` on cuBLAS. ``ws`` is (N/128, K/128)."""
     return F.scaled_mm(
-        xq, wq.t(),
+        _rowmajor(xq), _rowmajor(wq).t(),
         colmajor(xs), F.ScalingType.BlockWise1x128,
         block_scale_operand(ws, caps.pad_block_scales), F.ScalingType.BlockWise128x128,
         output_dtype=out_dtype,
@@ -127,7 +131,7 @@ def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloa
     """``dx (M, K) = dy (M, N) w (N, K)``; ``wtq`` is the row-major (K, N) transposed copy of ``wq``
     and ``ws`` the (N/128, K/128) block scales of ``w``."""
     return F.scaled_mm(
-        dyq, wtq.t(),
+        _rowmajor(dyq), _rowmajor(wtq).t(),
         colmajor(dys), F.ScalingType.BlockWise1x128,
         block_scale_operand(ws.t(), caps.pad_block_scales), F.ScalingType.BlockWise128x128,
         output_dtype=out_dtype,
@@ -138,7 +142,7 @@ def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.fl
     """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M."""
     want = out_dtype if (out_dtype != torch.float32 or caps.wgrad_fp32_out) else torch.bfloat16
     dw = F.scaled_mm(
-        dytq, xtq.t(),
+        _rowmajor(dytq), _rowmajor(xtq).t(),
         colmajor(dyts), F.ScalingType.BlockWise1x128,
         colmajor(xts), F.ScalingType.BlockWise1x128,
         output_dtype=want,
@@ -184,6 +188,7 @@ def _probe(device: torch.device) -> ScaledMmCaps:
         return ScaledMmCaps(False, f"torch {torch.__version__} has no F.scaled_mm")
     if not hasattr(F.ScalingType, "BlockWise128x128"):
         return ScaledMmCaps(False, f"torch {torch.__version__} F.scaled_mm lacks BlockWise128x128")
+    stage = "fprop"
     try:
         # K = 640: 5 reduction blocks, so the rounding of 128x128 scale operands shows
         m, k, n = 256, 640, 384
@@ -205,14 +210,14 @@ def _probe(device: torch.device) -> ScaledMmCaps:
         if pad_choice is None:
             return ScaledMmCaps(False, "fprop probe failed: " + "; ".join(errors))
         caps = ScaledMmCaps(True, "ok", pad_block_scales=pad_choice)
-        # Dgrad with the transposed weight copy
+        stage = "dgrad"
         dy = torch.randn(m, n, device=device).to(torch.bfloat16)
         dyq, dys = quantize_1x128(dy)
         dx = scaled_mm_dgrad(dyq, dys, wq.t().contiguous(), ws, caps)
         err = _relerr(dx, emulated_dgrad(dyq, dys, wq, ws))
         if err > 2e-2:
             return ScaledMmCaps(False, f"dgrad probe: rel. error {err:.2e}")
-        # Wgrad, both operands along the tokens; try float32 output first
+        stage = "wgrad"  # both operands along the tokens; float32 output if it is accepted
         dytq, dyts = quantize_1x128(dy.t())
         xtq, xts = quantize_1x128(x.t())
         ref_w = emulated_wgrad(dytq, dyts, xtq, xts)
@@ -229,5 +234,5 @@ def _probe(device: torch.device) -> ScaledMmCaps:
             return ScaledMmCaps(False, f"wgrad probe: rel. error {err:.2e}")
         return caps
     except Exception as exc:  # noqa: BLE001
-        return ScaledMmCaps(False, f"probe raised {type(exc).__name__}: {str(exc)[:200]}")
+        return ScaledMmCaps(False, f"{stage} probe raised {type(exc).__name__}: {str(exc)[:200]}")
 

@@ -17,6 +17,8 @@ dicts, optimizers built before conversion, MuonH radii and HF export are unaffec
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -55,11 +57,23 @@ def resolve_backend(recipe: Fp8Recipe, x: torch.Tensor, weight: torch.Tensor) ->
         if recipe.backend == SCALED_MM:
             reason = caps.reason if caps is not None else "not probed before torch.compile traced the layer"
             raise RuntimeError(f"fp8 backend 'cuda-scaled-mm' is not usable here: {reason}")
+        if caps is not None and not caps.blockwise and not _compiling():
+            _warn_once(f"fp8: F.scaled_mm blockwise unusable on {x.device} ({caps.reason}); "
+                       "falling back to the (slow) emulation")
         return EMULATE, "torch"
     quantizer = recipe.quantizer
     if quantizer == "auto":
         quantizer = "torch" if (_compiling() or not triton_available()) else "triton"
     return SCALED_MM, quantizer
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def _caps_for(x: torch.Tensor) -> gemm.ScaledMmCaps:

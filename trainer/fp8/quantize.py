@@ -51,8 +51,10 @@ def scales_from_amax(amax: torch.Tensor, scale_format: str = "pow2") -> tuple[to
         inv_scale = ((127 - e) << 23).view(torch.float32)
         return scale, inv_scale
     if scale_format == "fp32":
+        # true divisions (``448 / t`` would be computed as ``t.reciprocal() * 448``), so that every
+        # implementation (Triton's ieee div too) gets the same bits
         scale = amax / E4M3_MAX
-        return scale, E4M3_MAX / amax
+        return scale, torch.full_like(amax, E4M3_MAX) / amax
     raise ValueError(f"unknown scale_format {scale_format!r}: expected 'pow2' or 'fp32'")
 
 
@@ -71,12 +73,14 @@ def quantize_1x128(x: torch.Tensor, scale_format: str = "pow2") -> tuple[torch.T
         raise ValueError(f"quantize_1x128 expects a 2-D tensor, got shape {tuple(x.shape)}")
     rows, cols = x.shape
     groups = ceil_div(cols, GROUP)
-    xf = x.float()
+    # contiguous first: for x = y.t() this is the transposing copy (in x's dtype), and it makes q
+    # row-major, which cuBLAS needs for the A operand
+    xc = x.contiguous()
     if cols % GROUP:
-        xf = F.pad(xf, (0, groups * GROUP - cols))
-    xg = xf.reshape(rows, groups, GROUP)
-    scale, inv_scale = scales_from_amax(xg.abs().amax(dim=-1), scale_format)
-    q = _encode(xg, inv_scale.unsqueeze(-1)).reshape(rows, groups * GROUP)
+        xc = F.pad(xc, (0, groups * GROUP - cols))
+    xg = xc.reshape(rows, groups, GROUP)
+    scale, inv_scale = scales_from_amax(xg.abs().amax(dim=-1), scale_format)  # amax is exact in any dtype
+    q = _encode(xg.float(), inv_scale.unsqueeze(-1)).reshape(rows, groups * GROUP)
     if cols % GROUP:
         q = q[:, :cols].contiguous()
     return q, scale
@@ -93,12 +97,12 @@ def quantize_128x128(w: torch.Tensor, scale_format: str = "pow2") -> tuple[torch
         raise ValueError(f"quantize_128x128 expects a 2-D tensor, got shape {tuple(w.shape)}")
     n, k = w.shape
     nb, kb = ceil_div(n, GROUP), ceil_div(k, GROUP)
-    wf = w.float()
+    wc = w.contiguous()
     if n % GROUP or k % GROUP:
-        wf = F.pad(wf, (0, kb * GROUP - k, 0, nb * GROUP - n))
-    wb = wf.reshape(nb, GROUP, kb, GROUP)
+        wc = F.pad(wc, (0, kb * GROUP - k, 0, nb * GROUP - n))
+    wb = wc.reshape(nb, GROUP, kb, GROUP)
     scale, inv_scale = scales_from_amax(wb.abs().amax(dim=(1, 3)), scale_format)
-    q = _encode(wb, inv_scale[:, None, :, None]).reshape(nb * GROUP, kb * GROUP)
+    q = _encode(wb.float(), inv_scale[:, None, :, None]).reshape(nb * GROUP, kb * GROUP)
     if n % GROUP or k % GROUP:
         q = q[:n, :k].contiguous()
     return q, scale
