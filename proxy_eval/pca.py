@@ -101,6 +101,27 @@ def capability_pca(matrix: np.ndarray, rows: Sequence[str], variables: Sequence[
     return PCAResult(list(rows), variables, ratio, loadings, scores, mean, std, dropped)
 
 
+def _label_points(ax, names: Sequence[str], xs: np.ndarray, ys: np.ndarray) -> None:
+    """Label points, moving a label to another side of its point when it would sit on top of one
+    already placed (greedy, in display pixels; deterministic)."""
+    offsets = [(5, 4), (5, -11), (-5, 4), (-5, -11), (5, 14), (5, -21), (-5, 14), (-5, -21)]
+    placed: list[tuple[float, float, float]] = []     # x, y of the label anchor, width in px
+    to_px = ax.transData.transform
+    for i in sorted(range(len(names)), key=lambda k: (-ys[k], xs[k])):
+        px, py = to_px((xs[i], ys[i]))
+        width = 5.5 * len(names[i])
+        choice = offsets[0]
+        for dx, dy in offsets:
+            lx = px + dx - (width if dx < 0 else 0)
+            if all(abs(ly - (py + dy)) >= 11 or lx + width < ox or lx > ox + ow for ox, ly, ow in placed):
+                choice = (dx, dy)
+                break
+        dx, dy = choice
+        placed.append((px + dx - (width if dx < 0 else 0), py + dy, width))
+        ax.annotate(names[i], (xs[i], ys[i]), textcoords="offset points", xytext=(dx, dy), fontsize=8,
+                    color="#1a365d", ha="right" if dx < 0 else "left")
+
+
 def biplot(result: PCAResult, out: str | Path, title: str = "Capability profiles (z-scored PCA)") -> Path:
     """Rows as points on PC1/PC2 and variables as arrows (loadings scaled to the point cloud)."""
     import matplotlib
@@ -115,9 +136,11 @@ def biplot(result: PCAResult, out: str | Path, title: str = "Capability profiles
     ax.axhline(0, color="#bbbbbb", lw=0.8)
     ax.axvline(0, color="#bbbbbb", lw=0.8)
     ax.scatter(result.scores[:, 0], pc2, s=36, color="#2b6cb0", zorder=3)
-    for name, x, y in zip(result.rows, result.scores[:, 0], pc2):
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8, color="#1a365d")
     extent = max(1e-9, float(np.abs(np.c_[result.scores[:, 0], pc2]).max()))
+    lim = 1.25 * extent
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    _label_points(ax, result.rows, result.scores[:, 0], pc2)
     scale = 0.9 * extent / max(1e-9, float(np.abs(result.loadings[:, :2]).max()))
     for i, v in enumerate(result.variables):
         lx = result.loadings[i, 0] * scale
@@ -128,9 +151,6 @@ def biplot(result: PCAResult, out: str | Path, title: str = "Capability profiles
     ax.set_xlabel(f"PC1 ({100 * evr[0]:.1f}% of variance)")
     ax.set_ylabel(f"PC2 ({100 * evr[1]:.1f}% of variance)" if k > 1 else "PC2 (none)")
     ax.set_title(title)
-    lim = 1.25 * extent
-    ax.set_xlim(-lim, lim)
-    ax.set_ylim(-lim, lim)
     ax.set_aspect("equal", adjustable="box")
     fig.tight_layout()
     with atomic.atomic_path(out, suffix=".png") as tmp:

@@ -1,8 +1,10 @@
 """Capability profiles: the slice × benchmark table, group scores, averages and rankings (Puro §3.6).
 
-Every benchmark result becomes a *score* oriented so that higher is better: fractions (accuracy,
-exact match, pass@1) as percentages, as the paper reports them; lower-is-better metrics (bits per
-byte) negated. A group score is the unweighted mean of its members' scores, the overall average the
+Every benchmark result becomes a *score* on one scale, a percentage where higher is better:
+fractions (accuracy, exact match, pass@1, gold-answer probability) times 100, as the paper reports
+them; bits per byte as 100·2^(−bpb), the geometric-mean probability per byte in percent, so a
+likelihood task and an accuracy task can share a group mean without one's units drowning the
+other's (other lower-is-better metrics are negated). A group score is the unweighted mean of its members' scores, the overall average the
 unweighted mean over all benchmarks (Puro §4.1.3: "Avg is the unweighted arithmetic mean"; group
 means are the spec's [CHOICE] for §3.4). Means use exact summation (`math.fsum`), so rankings do
 not change when the benchmark order changes (behaviour 17).
@@ -23,10 +25,18 @@ LONG_COLUMNS = ["slice", "task", "group", "format", "metric", "value", "stderr",
                 "score_stderr"]
 
 
-def to_score(value: float, higher_is_better: bool, percent: bool) -> float:
+def to_score(value: float, higher_is_better: bool, percent: bool, fmt: str | None = None) -> float:
+    if fmt == "bits_per_byte":
+        return 100.0 * 2.0 ** (-value)
     if not higher_is_better:
         return -value
     return 100.0 * value if percent else value
+
+
+def to_score_stderr(value: float, stderr: float, higher_is_better: bool, percent: bool, fmt: str | None = None) -> float:
+    if fmt == "bits_per_byte":      # delta method: d/dx 100·2^-x = -ln2 · 100·2^-x
+        return math.log(2.0) * 100.0 * 2.0 ** (-value) * stderr
+    return 100.0 * stderr if (percent and higher_is_better) else stderr
 
 
 def _fmean(values: Iterable[float]) -> float:
@@ -92,11 +102,14 @@ def build_profile(rows: list[dict[str, Any]], task_groups: dict[str, str] | None
         raise ValueError("no results to build a profile from")
     recs = []
     for r in rows:
-        percent = r.get("format") != "bits_per_byte" and bool(r["higher_is_better"])
-        score = to_score(float(r["value"]), bool(r["higher_is_better"]), percent)
+        fmt = r.get("format")
+        hib = bool(r["higher_is_better"])
+        percent = fmt != "bits_per_byte" and hib
+        value = float(r["value"])
         se = float(r.get("stderr", float("nan")))
-        recs.append({**{k: r.get(k) for k in LONG_COLUMNS if k in r}, "score": score,
-                     "score_stderr": 100.0 * se if percent else se})
+        recs.append({**{k: r.get(k) for k in LONG_COLUMNS if k in r},
+                     "score": to_score(value, hib, percent, fmt),
+                     "score_stderr": to_score_stderr(value, se, hib, percent, fmt)})
     long = pd.DataFrame.from_records(recs)
     for c in LONG_COLUMNS:
         if c not in long.columns:

@@ -69,14 +69,23 @@ class BaseSection(BaseModel):
 
 class ContinuationSection(BaseModel):
     """The one schedule every slice gets. steps 'auto': as many as the smallest slice allows in one
-    pass (no slice is repeated), capped by max_steps."""
+    pass (no slice is repeated), capped by max_steps. `repeat: true` lets a slice smaller than
+    `steps` x tokens per step be read for more than one epoch (toy corpora; the paper's 4B-token
+    slices are read once)."""
 
     model_config = ConfigDict(extra="forbid")
     steps: int | Literal["auto"] = "auto"
     max_steps: int | None = Field(None, gt=0)
+    repeat: bool = False
     global_batch: int = Field(8, gt=0)
     micro_batch: int = Field(8, gt=0)
     trainer: dict[str, Any] = Field(default_factory=dict)   # schedule, optim, precision, model overrides: identical for all
+
+    @model_validator(mode="after")
+    def _steps(self) -> "ContinuationSection":
+        if self.repeat and self.steps == "auto":
+            raise ValueError("repeat: true needs a fixed number of steps (auto means one pass of the smallest slice)")
+        return self
 
 
 class ProxyRunConfig(BaseModel):
@@ -282,8 +291,9 @@ class ProxyRunner:
         last = ckpt.latest_checkpoint(run_dir / "checkpoints")
         if last is None or ckpt.read_state(last).step < steps:
             self.progress(f"{name}: continuing the base for {steps} steps")
+            extra = _merge({"data": {"loop": True}}, cont.trainer) if cont.repeat else cont.trainer
             cfg = trainer_config(run_dir, shards, steps, cont.global_batch, cont.micro_batch, self.config.seed,
-                                 cont.trainer, self.tokenizer, str(base), self.config.device)
+                                 extra, self.tokenizer, str(base), self.config.device)
             train(cfg)
             last = ckpt.latest_checkpoint(run_dir / "checkpoints")
         t_train = time.perf_counter() - t0
@@ -295,7 +305,8 @@ class ProxyRunner:
         plan_slice = next(s for s in self.slices if s.name == name)
         manifest = SliceRunManifest(
             job="proxy_eval.run.slice", config=self.slice_config(name, base, steps), inputs=self.slice_inputs(name, base),
-            counts={"steps": steps, "n_tasks": len(result.results)},
+            counts={"steps": steps, "n_tasks": len(result.results),
+                    "epochs": round(steps * cont.global_batch * self.config.seq_len / max(1, int(n_tokens)), 4)},
             timings_s={"train": round(t_train, 3), "total": round(time.perf_counter() - t0, 3)},
             outputs=["eval/results.json"], slice=name, component=plan_slice.component, shard_set=str(shards),
             checkpoint=str(last), n_train_tokens=int(n_tokens), results=result.rows())

@@ -71,10 +71,14 @@ def _rows():
 def test_profile_groups_average_and_rankings(tmp_path):
     prof = build_profile(_rows())
     assert prof.scores.loc["S01_web_hi", "general_bench"] == pytest.approx(52.0)
-    assert prof.scores.loc["S01_web_hi", "prose_bpb"] == pytest.approx(-1.052)       # lower bpb = higher score
-    assert prof.groups.loc["S01_web_hi", "General"] == pytest.approx((52.0 - 1.052) / 2)
+    bpb_score = 100 * 2 ** -1.052                                  # per-byte probability in %
+    assert prof.scores.loc["S01_web_hi", "prose_bpb"] == pytest.approx(bpb_score)
+    assert prof.scores.loc["S01_web_hi", "prose_bpb"] < prof.scores.loc["S08_zh_edu", "prose_bpb"]   # lower bpb wins
+    assert prof.groups.loc["S01_web_hi", "General"] == pytest.approx((52.0 + bpb_score) / 2)
     assert prof.groups.loc["S06_code", "Code"] == pytest.approx(24.0)
-    assert prof.average["S05_math_syn"] == pytest.approx((45 + 38 + 12 + 28 - 1.045) / 5)
+    assert prof.average["S05_math_syn"] == pytest.approx((45 + 38 + 12 + 28 + 100 * 2 ** -1.045) / 5)
+    se = prof.long.query("slice == 'S01_web_hi' and task == 'prose_bpb'")["score_stderr"].item()
+    assert se == pytest.approx(np.log(2) * bpb_score * 0.001)
     assert prof.ranks.loc["S06_code", "Code"] == 1 and prof.ranks.loc["S08_zh_edu", "Chinese"] == 1
     assert set(prof.ranks["overall"]) == set(range(1, 9))
     paths = prof.write(tmp_path)

@@ -1,0 +1,289 @@
+"""Demo stage "proxy": what each data slice is worth, measured with tiny proxy runs (Puro §3.6).
+
+1. Benchmarks from the demo's own data: a few held-out documents per source become bits-per-byte
+   tasks (General / Code / Math by source), and held-out math problems become a multiple-choice
+   task over their final numeric answers (scored by the gold answer's probability, a likelihood
+   metric fit for tiny proxies). The held-out documents are excluded from every slice.
+2. A slice plan by Puro's rules, scaled to the demo: quantile slices q00..q75 (from the best end)
+   of the scored source, one random slice of each other source.
+3. A tiny base model trained briefly on all sources (reused on a rerun), then one continuation per
+   slice with the same schedule, each scored by the suite.
+4. The profile table, a PCA biplot of the group scores, the within-source threshold and a
+   mixture-spec draft.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.component import Component
+from common.document import score_columns
+from common.manifest import MANIFEST_NAME
+
+DOMAIN_GROUPS = (("code", "Code"), ("math", "Math"))
+_LAST_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)(?!.*\d)", re.S)
+
+
+# ---- finding earlier stages' outputs -----------------------------------------------------------
+
+def _is_component(p: Path) -> bool:
+    m = p / MANIFEST_NAME
+    if not m.is_file():
+        return False
+    try:
+        return json.loads(m.read_text()).get("schema") == "component/1"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def find_components(result: dict[str, Any]) -> dict[str, Path]:
+    """Component directories named anywhere in a stage result: a dict name -> path, a list of
+    paths, a component directory, or a directory of component directories."""
+    found: dict[str, Path] = {}
+
+    def visit(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+        elif isinstance(v, str) and v and len(v) < 4096:
+            p = Path(v)
+            if not p.is_dir():
+                return
+            if _is_component(p):
+                found.setdefault(Component.open(p).name, p)
+            else:
+                for child in sorted(p.iterdir()):
+                    if child.is_dir() and _is_component(child):
+                        found.setdefault(Component.open(child).name, child)
+
+    visit(result)
+    return found
+
+
+def find_tokenizer(result: dict[str, Any]) -> Path:
+    """The tokenizer.json an earlier stage made (its result names the file or its directory)."""
+    cands: list[Path] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+        elif isinstance(v, str) and v and len(v) < 4096:
+            p = Path(v)
+            if p.is_file() and p.name == "tokenizer.json":
+                cands.append(p)
+            elif p.is_dir() and (p / "tokenizer.json").is_file():
+                cands.append(p / "tokenizer.json")
+
+    visit(result)
+    if not cands:
+        raise RuntimeError(f"the tokenizer stage's result names no tokenizer.json: {result}")
+    return cands[0]
+
+
+def domain_group(name: str) -> str:
+    low = name.lower()
+    for key, group in DOMAIN_GROUPS:
+        if key in low:
+            return group
+    return "General"
+
+
+# ---- benchmark tasks from the demo's data ------------------------------------------------------
+
+def arithmetic_mc(text: str, n_choices: int = 4) -> dict[str, Any] | None:
+    """A multiple-choice item from a math text ending in a number: the text before the last number is
+    the query, the number the gold answer, nearby numbers the distractors (seeded by the text)."""
+    m = _LAST_NUMBER.search(text)
+    if not m or m.start() < 20:
+        return None
+    raw = m.group(1).replace(",", "")
+    try:
+        gold = float(raw)
+    except ValueError:
+        return None
+    query = text[:m.start()]
+    is_int = gold == int(gold) and "." not in raw
+    fmt = (lambda x: str(int(x))) if is_int else (lambda x: f"{x:g}")
+    cands = [gold + 1, gold - 1, gold + 10, gold * 2, gold - 10, gold + 2]
+    distractors: list[str] = []
+    for c in cands:
+        s = fmt(c)
+        if s == fmt(gold) or s in distractors or (c < 0 <= gold):
+            continue
+        distractors.append(s)
+        if len(distractors) == n_choices - 1:
+            break
+    if len(distractors) < n_choices - 1:
+        return None
+    choices = distractors + [fmt(gold)]
+    rng = np.random.default_rng(abs(hash_text(text)) % (2 ** 32))
+    order = rng.permutation(len(choices))
+    choices = [choices[i] for i in order]
+    return {"query": query, "choices": choices, "gold": int(np.flatnonzero(order == len(choices) - 1)[0])}
+
+
+def hash_text(text: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, max_chars: int) -> tuple[Any, Path]:
+    """Held-out tasks from the components; returns the suite and the file of held-out ids."""
+    from proxy_eval.slices import doc_hash_keys
+    from proxy_eval.tasks import DataSource, SuiteConfig, TaskConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    tasks: list[Any] = []
+    held_ids: set[str] = set()
+    for name, path in sorted(components.items()):
+        table = Component.open(path).read(columns=["id", "text"])
+        ids = [str(x) for x in table.column("id").to_pylist()]
+        texts = [t or "" for t in table.column("text").to_pylist()]
+        keys = doc_hash_keys(ids, seed, salt=f"eval:{name}")
+        order = [i for i in np.argsort(keys, kind="stable") if len(texts[i].strip()) >= 40]
+        picked = order[:n_docs]
+        held_ids.update(ids[i] for i in picked)
+        text_file = out / f"{name}_text.jsonl"
+        text_file.write_text("".join(json.dumps({"text": texts[i][:max_chars]}) + "\n" for i in picked))
+        tasks.append(TaskConfig(name=f"{name}_bpb", format="bits_per_byte", preset="text", group=domain_group(name),
+                                source=DataSource(path=str(text_file))))
+        if domain_group(name) == "Math":
+            more = order[:n_docs * 2]
+            items = [x for x in (arithmetic_mc(texts[i][:max_chars]) for i in more) if x]
+            if len(items) >= 4:
+                held_ids.update(ids[i] for i in more)
+                mc_file = out / f"{name}_answers.jsonl"
+                mc_file.write_text("".join(json.dumps(x) + "\n" for x in items))
+                tasks.append(TaskConfig(name=f"{name}_answer", format="multiple_choice", group="Math",
+                                        source=DataSource(path=str(mc_file)), template="{query}", forms=["cloze"],
+                                        primary="prob_correct"))
+    ids_file = out / "heldout_ids.txt"
+    ids_file.write_text("\n".join(sorted(held_ids)) + "\n")
+    return SuiteConfig(name="demo-proxy", tasks=tasks, batch_size=8), ids_file
+
+
+def component_tokens(path: Path, tokenizer: Any) -> int:
+    comp = Component.open(path)
+    if "n_tokens" in comp.columns:
+        return int(sum(x or 0 for x in comp.read(columns=["n_tokens"]).column("n_tokens").to_pylist()))
+    from proxy_eval.plan import count_tokens
+
+    return int(count_tokens(comp, tokenizer).sum())
+
+
+# ---- the stage ---------------------------------------------------------------------------------
+
+def run(ctx) -> dict[str, Any]:
+    import torch
+
+    from mixtures.tokenizers import load_tokenizer
+    from proxy_eval.decide import suggest_from_plan
+    from proxy_eval.pca import biplot, capability_pca
+    from proxy_eval.plan import ComponentRef, PlanConfig, make_plan
+    from proxy_eval.profiles import read_profile
+    from proxy_eval.run import ProxyRunConfig, ProxyRunner
+    from proxy_eval.slices import SliceRules
+    from common import atomic
+
+    torch.set_num_threads(int(ctx.size("proxy_threads", 1)))
+    out = ctx.stage_dir()
+    components = find_components(ctx.result("kaiyuan"))
+    if not components:
+        raise RuntimeError("the kaiyuan stage's result names no components")
+    tok_path = find_tokenizer(ctx.result("tokenizer"))
+    tokenizer = load_tokenizer({"kind": "hf", "path": str(tok_path)})
+    tok_spec = {"kind": "hf", "path": str(tok_path)}
+    seed = int(ctx.size("proxy_seed", 0))
+
+    ctx.step(f"benchmarks from held-out documents of {len(components)} sources")
+    suite, held_ids = build_suite(components, out / "benchmarks", int(ctx.size("proxy_eval_docs", 24)), seed,
+                                  int(ctx.size("proxy_eval_chars", 1500)))
+    ctx.step("tasks: " + ", ".join(f"{t.name} ({t.group})" for t in suite.tasks))
+
+    scored = {n: p for n, p in components.items() if score_columns(Component.open(p).columns)}
+    if not scored:
+        raise RuntimeError("no demo source has a quality.<name> score: nothing to take quantile slices of")
+    sizes = {n: component_tokens(p, tokenizer) for n, p in components.items()}
+    main_source = max(scored, key=lambda n: sizes[n])
+    total = sizes[main_source]
+    slice_tokens = max(1, total // int(ctx.size("proxy_slice_fraction_inv", 8)))
+    # Puro's rules scaled to the demo: the scored source qualifies for quantile slices (4B of >50B in
+    # the paper; here 1/8 of it), any other source at least one slice big gets a random slice
+    rules = SliceRules(slice_tokens=slice_tokens, quantile_min_tokens=total // 2, random_min_tokens=slice_tokens,
+                       seed=seed)
+    refs = [ComponentRef(path=str(p), score_field="auto" if n in scored else None) for n, p in sorted(components.items())]
+    ctx.step(f"slice plan: quantile slices of '{main_source}' ({total:,} tokens), {slice_tokens:,} tokens per slice")
+    plan = make_plan(PlanConfig(components=refs, rules=rules, out=str(out / "plan"), exclude_ids=str(held_ids),
+                                count_tokens_with=tok_spec))
+    for d in plan.decisions:
+        ctx.step(f"  {d.component}: {d.rule} ({d.reason})" + (f" -> {', '.join(s.name for s in d.slices)}" if d.slices else ""))
+
+    seq_len = int(ctx.size("proxy_seq_len", 128))
+    batch = int(ctx.size("proxy_batch", 8))
+    model = {"preset": "tiny", "overrides": {"max_seq_len": max(seq_len, 256)}}
+    cfg = ProxyRunConfig(
+        out=str(out / "run"), plan=str(out / "plan"), tokenizer=tok_spec, seq_len=seq_len, seed=seed,
+        base={"components": [str(p) for _, p in sorted(components.items())], "steps": int(ctx.size("proxy_base_steps", 60)),
+              "global_batch": batch, "micro_batch": batch,
+              "trainer": {"model": model, "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 5}}},
+        # the same number of steps for every slice; a demo slice is small, so it may be read more than once
+        continuation={"steps": int(ctx.size("proxy_steps", 30)), "repeat": True, "global_batch": batch,
+                      "micro_batch": batch,
+                      "trainer": {"schedule": {"kind": "wsd", "lr": 1e-3, "decay_ratio": 0.5}}},
+        suite=suite, eval_batch_size=8, device="cpu")
+    atomic.write_json(out / "proxy-run.json", cfg.model_dump(mode="json"))
+    manifest = ProxyRunner(cfg, progress=ctx.step).run()
+
+    profile = read_profile(out / "run" / "profile")
+    ctx.step("profile (scores in %: per-byte probability 2^-bpb for text, gold-answer probability for math):")
+    for line in profile.table_lines():
+        ctx.step("  " + line)
+
+    slices_only = profile.groups.loc[[r for r in profile.groups.index if r != "base"]]
+    result: dict[str, Any] = {
+        "plan": str(out / "plan"), "run": str(out / "run"), "profile_csv": str(out / "run" / "profile" / "profile.csv"),
+        "scored_source": main_source, "slices": [s["slice"] for s in manifest.slices], "steps": manifest.steps,
+        "best_slice": str(profile.average.drop("base", errors="ignore").idxmax()),
+    }
+    if len(slices_only) >= 2:
+        res = capability_pca(slices_only.to_numpy(dtype=float), list(slices_only.index), list(slices_only.columns))
+        png = biplot(res, out / "biplot.png", title="Demo proxy slices: capability PCA")
+        atomic.write_json(out / "pca.json", {"schema": "proxy_eval.pca/1", "level": "groups", **res.to_dict()})
+        result["biplot"] = str(png)
+        result["explained_variance"] = [round(float(x), 4) for x in res.explained_variance_ratio]
+        ctx.step(f"PCA biplot: {png} (explained variance {', '.join(f'{x:.2f}' for x in res.explained_variance_ratio)})")
+    sug = suggest_from_plan(profile, out / "plan", base_spec={"tokenizer": tok_spec, "seq_len": seq_len},
+                            name="demo-proxy-suggestion")
+    atomic.write_text(out / "suggested-mixture.yaml", sug["spec_yaml"])
+    atomic.write_json(out / "suggestion.json", {k: v for k, v in sug.items() if k != "spec_yaml"})
+    for comp, d in sug["thresholds"].items():
+        ctx.step(f"threshold for {comp}: keep the top {100 * d['keep_fraction']:.3g}% ({d['reason']})")
+    weights = sug["suggestion"]["weights"]
+    ctx.step("suggested weights (draft, review before use): " + ", ".join(f"{c} {w:.2f}" for c, w in sorted(weights.items())))
+    result.update({"suggested_mixture": str(out / "suggested-mixture.yaml"), "weights": weights,
+                   "keep_fraction": {c: d["keep_fraction"] for c, d in sug["thresholds"].items()},
+                   "spec_valid": sug["spec_valid"]})
+    return result
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    lines = [f"profile table: {result['profile_csv']}",
+             f"slices of '{result['scored_source']}' and the other sources: {len(result['slices'])} proxy runs of "
+             f"{result['steps']} steps; best by average: {result['best_slice']}"]
+    if "biplot" in result:
+        lines.append(f"PCA biplot: {result['biplot']}")
+    lines.append(f"mixture draft: {result['suggested_mixture']}")
+    return lines

@@ -1,0 +1,83 @@
+"""The demo's proxy stage on components and a tokenizer built here (the shapes the kaiyuan and
+tokenizer stages hand over), at the ci size."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from demo.proxy_stage import arithmetic_mc, build_suite, find_components, find_tokenizer, run, summary
+from tests.proxy_eval.helpers import write_component
+
+WORDS = ("the river flows past old stone bridges while children read books about distant stars and "
+         "quiet valleys where farmers grow wheat").split()
+
+
+def _corpus(root: Path, rng: random.Random) -> dict[str, Path]:
+    prose = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(30, 90))) + "." for _ in range(260)]
+    # quality correlates with length, like an educational-value score would with substance
+    prose_scores = [len(t) / 600 + rng.random() * 0.2 for t in prose]
+    code = [f"def f{i}(x):\n    y = x * {i % 7}\n    return y + {i % 5}\n\nprint(f{i}({i}))\n" for i in range(400)]
+    math = []
+    for i in range(160):
+        a, b = rng.randint(2, 40), rng.randint(2, 40)
+        math.append(f"Problem {i}: Sam has {a} marbles and finds {b} more. How many marbles does Sam have now? "
+                    f"Sam has {a} + {b} = {a + b} marbles. The answer is {a + b}")
+    return {
+        "prose": write_component(root, "prose", prose, scores=prose_scores, score_name="edu"),
+        "code": write_component(root, "code", code),
+        "math": write_component(root, "math", math),
+    }
+
+
+def test_arithmetic_mc_items():
+    item = arithmetic_mc("Tom has 3 apples and buys 4 more. How many apples? The answer is 7")
+    assert item["query"].endswith("The answer is ") and item["choices"][item["gold"]] == "7"
+    assert len(set(item["choices"])) == 4 and all(not c.startswith("-") for c in item["choices"])
+    assert arithmetic_mc("no number here at all, really none") is None
+    assert arithmetic_mc("Tom has 3 apples and buys 4 more. How many apples? The answer is 7") == item
+
+
+def test_find_outputs_of_earlier_stages(tmp_path):
+    comps = _corpus(tmp_path / "components", random.Random(0))
+    assert set(find_components({"components": {k: str(v) for k, v in comps.items()}})) == {"prose", "code", "math"}
+    assert set(find_components({"out": str(tmp_path / "components")})) == {"prose", "code", "math"}
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    assert find_tokenizer({"dir": str(tmp_path / "tok")}) == tmp_path / "tok" / "tokenizer.json"
+    with pytest.raises(RuntimeError):
+        find_tokenizer({"nothing": 1})
+
+
+def test_demo_proxy_stage_ci_size(tmp_path, capsys):
+    from demo.context import DemoContext
+    from mixtures.tokenizers import train_bpe
+
+    rng = random.Random(1)
+    comps = _corpus(tmp_path / "kaiyuan" / "components", rng)
+    from common.component import Component
+
+    texts = [t for p in comps.values() for t in Component.open(p).read(columns=["text"]).column("text").to_pylist()]
+    tok = train_bpe(texts, 600, tmp_path / "tokenizer")
+    ctx = DemoContext(root=tmp_path / "demo", profile="ci")
+    ctx.results["kaiyuan"] = {"components": {k: str(v) for k, v in comps.items()}}
+    ctx.results["tokenizer"] = {"tokenizer": str(tmp_path / "tokenizer" / "tokenizer.json")}
+    assert tok.vocab_size <= 600
+    ctx.stage = "proxy"
+    result = run(ctx)
+    json.dumps(result)                                   # JSON-serializable, as the orchestrator needs
+    printed = capsys.readouterr().out
+    assert "profile" in printed and "prose.q00-from-best" in printed
+    assert result["scored_source"] == "prose"
+    assert [s for s in result["slices"] if s.startswith("prose.")] == [
+        "prose.q00-from-best", "prose.q25-from-best", "prose.q50-from-best", "prose.q75-from-best"]
+    assert {"code.random", "math.random"} <= set(result["slices"])
+    assert Path(result["biplot"]).stat().st_size > 1000
+    assert result["spec_valid"] is True
+    assert abs(sum(result["weights"].values()) - 1) < 1e-9
+    tasks = json.loads((Path(result["run"]) / "slices" / "code.random" / "eval" / "results.json").read_text())["tasks"]
+    assert {t["task"] for t in tasks} == {"prose_bpb", "code_bpb", "math_bpb", "math_answer"}
+    assert all(s for s in summary(result))
