@@ -121,7 +121,8 @@ class TokenSpill:
     def columns(self, name: str) -> ComponentColumns:
         t = pq.read_table(self.directory / "docs.parquet")
         score = t.column("score").to_numpy(zero_copy_only=False).astype(np.float64) if "score" in t.column_names else None
-        dup = t.column("dup_count").to_numpy(zero_copy_only=False).astype(np.int64) if "dup_count" in t.column_names else None
+        dup = (t.column("dup_count").fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64)
+               if "dup_count" in t.column_names else None)
         return ComponentColumns(name=name, ids=np.array(t.column("id").to_pylist(), dtype=object),
                                 n_tokens=t.column("n_tokens").to_numpy(), scores=score, dup_count=dup)
 

@@ -88,7 +88,7 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, valu
         totals[r["_pid"], gi[r[group_col] if group_col else 0]] = int(r["_t"] or 0)
     offsets = cm.partition_offsets(totals)
     bc = spark.sparkContext.broadcast((offsets, gi))
-    schema = StructType(s.schema.fields + [StructField(out_col, LongType(), False)])
+    schema = _nullable(s.schema, [StructField(out_col, LongType(), True)])
 
     def fn(batches):
         offs, index = bc.value
@@ -110,6 +110,13 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, valu
     return s.mapInPandas(fn, schema).drop("_pid")
 
 
+def _nullable(schema, extra):
+    """Pandas UDF output schema: every field nullable (pandas turns NaN into Arrow nulls)."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, f.dataType, True) for f in list(schema.fields) + list(extra)])
+
+
 def _signed(keys: np.ndarray) -> np.ndarray:
     return cm.signed_order_key(keys)
 
@@ -118,7 +125,7 @@ def _map_columns(df, new_fields: list[tuple[str, Any]], fn: Callable):
     """mapInPandas that adds columns computed by fn(pdf) -> dict of arrays."""
     from pyspark.sql.types import StructField, StructType
 
-    schema = StructType(df.schema.fields + [StructField(n, t, True) for n, t in new_fields])
+    schema = _nullable(df.schema, [StructField(n, t, True) for n, t in new_fields])
 
     def run(batches):
         for pdf in batches:
