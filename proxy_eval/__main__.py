@@ -54,7 +54,7 @@ def cmd_run_slice(args) -> int:
     from proxy_eval.run import ProxyRunConfig, run_one_slice
 
     cfg = ProxyRunConfig.model_validate(json.loads(Path(args.config).read_text()))
-    m = run_one_slice(cfg, args.slice)
+    m = run_one_slice(cfg, args.slice, args.steps)
     print(json.dumps({"slice": m.slice, "checkpoint": m.checkpoint}))
     return 0
 
@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run-slice", help="(internal) one slice, in a worker process")
     p.add_argument("--config", required=True)
     p.add_argument("--slice", required=True)
+    p.add_argument("--steps", type=int, default=None)
     p.set_defaults(fn=cmd_run_slice)
 
     p = sub.add_parser("eval", help="score a trainer checkpoint or a Hugging Face model directory")

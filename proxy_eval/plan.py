@@ -7,6 +7,8 @@ uniform shard set like any other component. Output:
 
     <out>/manifest.json             SlicePlan manifest: decisions, slices, counts, config, inputs
     <out>/slices/<slice name>/      one component per slice (parquet + manifest.json)
+    <out>/specs/<slice name>.yaml   (with `spec_base`) the slice as a mixture spec on the original
+                                    component, for the Spark materialization of large pools
 
 A rerun with the same config and inputs finds the plan's manifest complete and does nothing.
 """
@@ -61,6 +63,11 @@ class PlanConfig(BaseModel):
     # documents (by id) that no slice may contain, e.g. the evaluation sets (decontamination):
     # a text file with one id per line, or a parquet/jsonl file with an `id` column
     exclude_ids: str | None = None
+    # when given (at least `tokenizer` and `seq_len` of a mixture spec), each slice is also written as
+    # a one-component `mixture/1` spec on the *original* component (quantile_band / random_tokens
+    # retention), for pools too large for this process: materialize those with the Spark job
+    # (`spark-submit kaiyuan/jobs/materialize.py --spec <out>/specs/<slice>.yaml`)
+    spec_base: dict[str, Any] | None = None
 
 
 class PlannedSlice(BaseModel):
@@ -77,6 +84,7 @@ class PlannedSlice(BaseModel):
     score_field: str | None = None
     score_range: tuple[float, float] | None = None
     path: str | None = None                   # the slice component directory, relative to the plan dir
+    spec: str | None = None                   # the slice as a mixture spec on the original component
 
 
 class SlicePlan(RunManifest):
@@ -194,6 +202,26 @@ def _write_slice_component(component: Component, rows: np.ndarray, final_dir: Pa
     })
 
 
+def slice_mixture_spec(s: "PlannedSlice", component_path: str, base: dict[str, Any]) -> dict[str, Any]:
+    """A one-component `mixture/1` spec selecting the slice from the original component. Mixtures'
+    rank runs from the least preferred end (rank 0) to the best (rank 1), so a band [lo, hi) from
+    the best end is the rank band [1 - hi, 1 - lo)."""
+    comp: dict[str, Any] = {"name": s.component, "path": component_path, "order_seed": 0}
+    if s.kind == "quantile":
+        assert s.band is not None
+        lo, hi = s.band
+        if s.percentile_from == "worst":
+            low, high = lo, hi
+        else:
+            low, high = 1.0 - hi, 1.0 - lo
+        comp.update(score_field=s.score_field, retention={"rule": "quantile_band", "low": max(0.0, round(low, 12)),
+                                                           "high": min(1.0, round(high, 12))})
+    else:
+        comp["retention"] = {"rule": "random_tokens", "n_tokens": s.target_tokens, "seed": 0}
+    return {"schema": "mixture/1", "name": f"proxy-slice-{s.name}", **base, "components": [comp],
+            "phases": [{"name": "slice", "orders": ["uniform"], "components": {s.component: {}}}]}
+
+
 def make_plan(config: PlanConfig) -> SlicePlan:
     """Decide and (optionally) write every slice; skip when a complete plan exists."""
     out = Path(config.out)
@@ -219,6 +247,7 @@ def make_plan(config: PlanConfig) -> SlicePlan:
     out.mkdir(parents=True, exist_ok=True)
     slices_root = out / "slices"
     shutil.rmtree(slices_root, ignore_errors=True)   # slices of an older plan are not this plan's
+    shutil.rmtree(out / "specs", ignore_errors=True)
     for ref in config.components:
         component = Component.open(ref.path, verify_hashes=config.verify_hashes)
         name = ref.name or component.name
@@ -254,11 +283,21 @@ def make_plan(config: PlanConfig) -> SlicePlan:
                     _write_slice_component(component, keep_rows[sel.rows], out / rel, s.name,
                                            {"slice": s.model_dump(mode="json"), "rules": config.rules.model_dump(mode="json")},
                                            config.rows_per_file, all_tokens if counted else None)
-            planned.append(PlannedSlice(
+            ps = PlannedSlice(
                 name=s.name, component=name, kind=s.kind, percentile=s.percentile, percentile_from=s.percentile_from,
                 band=s.band, target_tokens=s.target_tokens, n_docs=len(sel.rows), n_tokens=sel.n_tokens,
                 score_field=s.score_field if s.kind == "quantile" else None, score_range=sel.score_range, path=rel,
-            ))
+            )
+            if config.spec_base is not None:
+                import yaml
+
+                ps.spec = f"specs/{s.name}.yaml"
+                header = (f"# slice {s.name} of component {name} as a mixture spec on the original component "
+                          "(written by `python -m proxy_eval plan`).\n# Unlike slices/<name>/, it does not "
+                          "leave out exclude_ids, and band edges fall on token mass rather than documents.\n")
+                atomic.write_text(out / ps.spec, header + yaml.safe_dump(
+                    slice_mixture_spec(ps, str(Path(ref.path).resolve()), config.spec_base), sort_keys=False))
+            planned.append(ps)
             counts["slices"] += 1
     if not config.write_slices and slices_root.exists():
         shutil.rmtree(slices_root)

@@ -365,7 +365,7 @@ class ProxyRunner:
         self.progress(f"{len(self.slices)} slice(s), {len(self.slices) - len(todo)} finished before, "
                       f"{steps} steps each, {n_workers} at a time")
         if n_workers > 1 and len(todo) > 1:
-            run_in_workers(self.config, todo, n_workers, self.progress)
+            run_in_workers(self.config, todo, n_workers, steps, self.progress)
         else:
             for name in todo:
                 self.run_slice(name, base, steps)
@@ -403,7 +403,8 @@ def _cuda_count() -> int:
         return 0
 
 
-def run_in_workers(config: ProxyRunConfig, names: list[str], n_workers: int, progress: Callable[[str], None]) -> None:
+def run_in_workers(config: ProxyRunConfig, names: list[str], n_workers: int, steps: int,
+                   progress: Callable[[str], None]) -> None:
     """One subprocess per slice, `n_workers` at a time, each pinned to one GPU."""
     out = Path(config.out)
     cfg_path = out / "run-config.json"
@@ -423,7 +424,8 @@ def run_in_workers(config: ProxyRunConfig, names: list[str], n_workers: int, pro
             progress(f"{name}: worker on GPU {gpu}")
             with open(log_path, "ab") as fh:
                 rc = subprocess.call([sys.executable, "-m", "proxy_eval", "run-slice", "--config", str(cfg_path),
-                                      "--slice", name], env=env, stdout=fh, stderr=subprocess.STDOUT)
+                                      "--slice", name, "--steps", str(steps)], env=env, stdout=fh,
+                                     stderr=subprocess.STDOUT)
             if rc != 0:
                 progress(f"{name}: worker failed (exit {rc}); see {log_path}")
             return rc
@@ -438,9 +440,10 @@ def run_in_workers(config: ProxyRunConfig, names: list[str], n_workers: int, pro
         raise RuntimeError(f"slice workers failed: {failed}")
 
 
-def run_one_slice(config: ProxyRunConfig, name: str) -> SliceRunManifest:
-    """The worker's entry point (`python -m proxy_eval run-slice`)."""
+def run_one_slice(config: ProxyRunConfig, name: str, steps: int | None = None) -> SliceRunManifest:
+    """The worker's entry point (`python -m proxy_eval run-slice`); `steps` as resolved by the parent."""
     runner = ProxyRunner(config)
     base = runner.base_checkpoint()
-    shard_sets = {s.name: runner.materialize_slice(s.name) for s in runner.slices}
-    return runner.run_slice(name, base, runner.steps_for(shard_sets))
+    if steps is None:
+        steps = runner.steps_for({s.name: runner.materialize_slice(s.name) for s in runner.slices})
+    return runner.run_slice(name, base, steps)

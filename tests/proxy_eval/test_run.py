@@ -150,3 +150,19 @@ def test_cli_eval_on_a_checkpoint(setup, tmp_path):
     res = json.loads((tmp_path / "ev" / "results.json").read_text())
     ref = json.loads(open(f"{setup.out}/slices/{manifest.slices[0]['slice']}/eval/results.json").read())
     assert [t["value"] for t in res["tasks"]] == pytest.approx([t["value"] for t in ref["tasks"]], abs=1e-9)
+
+
+def test_parallel_workers_give_the_same_profile(setup, tmp_path):
+    """The multi-GPU path (one worker process per slice, CUDA_VISIBLE_DEVICES per worker) run on CPU
+    with two workers: same results as the in-process run."""
+    first = ProxyRunner(setup).run()
+    cfg = setup.model_copy(update={"out": str(tmp_path / "par"), "parallel": 2, "evaluate_base": False,
+                                   "slices": ["web.q00-from-best", "code.random"],
+                                   "base": setup.base.model_copy(update={"checkpoint": first.base_checkpoint})})
+    second = ProxyRunner(cfg).run()
+    assert second.counts["rerun"] == 2
+    for s in ("web.q00-from-best", "code.random"):
+        a = json.loads(open(f"{setup.out}/slices/{s}/eval/results.json").read())["tasks"]
+        b = json.loads(open(f"{cfg.out}/slices/{s}/eval/results.json").read())["tasks"]
+        assert [t["value"] for t in a] == pytest.approx([t["value"] for t in b], abs=1e-6)
+        assert (tmp_path / "par" / "slices" / s / "worker.log").is_file()

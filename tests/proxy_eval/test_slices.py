@@ -194,3 +194,30 @@ def test_plan_counts_tokens_and_excludes_eval_documents(tmp_path, tokenizer_dir)
         assert not set(t.column("id").to_pylist()) & set(excluded)
         assert sum(t.column("n_tokens").to_pylist()) == s.n_tokens == comp.manifest.n_tokens
         assert 0 <= s.n_tokens - 5000 < max(t.column("n_tokens").to_pylist())
+
+
+def test_slice_specs_select_the_same_documents_through_mixtures(tmp_path, tokenizer_dir):
+    """The spec path (for Spark-sized pools) picks about the same documents as the local writer."""
+    from mixtures.materialize import materialize
+    from mixtures import ShardSet
+    from mixtures.spec import load_spec
+    import pyarrow.parquet as pq
+
+    web = synthetic_scored_component(tmp_path / "c", "web", n_docs=1200, seed=5)
+    total = Component.open(web).manifest.n_tokens
+    rules = SliceRules(slice_tokens=total // 10, quantile_min_tokens=total // 2, random_min_tokens=1)
+    base = {"tokenizer": {"kind": "hf", "path": str(tokenizer_dir / "tokenizer.json")}, "seq_len": 64}
+    plan = make_plan(PlanConfig(components=[ComponentRef(path=str(web))], rules=rules, out=str(tmp_path / "plan"),
+                                spec_base=base))
+    for s in (plan.slices[0], plan.slices[2]):       # q00 and q50
+        spec = load_spec(tmp_path / "plan" / s.spec)
+        band = spec.components[0].retention
+        assert band.rule == "quantile_band" and band.high - band.low == pytest.approx(0.1, abs=1e-4)
+        out = materialize(spec, tmp_path / "m" / s.name)
+        shard_dir = tmp_path / "m" / s.name / "slice-uniform"
+        ids = set()
+        for shard in ShardSet.open(shard_dir).manifest.shards:
+            ids |= set(pq.read_table(shard_dir / f"{shard.name}.idx.parquet", columns=["doc_id"]).column("doc_id").to_pylist())
+        mine = set(Component.open(plan.slice_dir(tmp_path / "plan", s.name)).read(columns=["id"]).column("id").to_pylist())
+        assert len(ids & mine) / len(ids | mine) > 0.9, s.name
+        assert out
