@@ -57,8 +57,10 @@ def teacher(script: Script):
 
 
 def run_generator(name_or_path: str, endpoint: str, out: Path, overrides: list[str] | None = None,
-                  source: dict[str, Any] | None = None, update: dict[str, Any] | None = None):
-    """Run a shipped generator config against `endpoint` (every teacher role), as the CLI does."""
+                  source: dict[str, Any] | None = None, update: dict[str, Any] | None = None,
+                  step_updates: dict[str, dict[str, Any]] | None = None):
+    """Run a shipped generator config against `endpoint` (every teacher role), as the CLI does.
+    `step_updates` patches steps by name ({"rollouts": {"k": 4}})."""
     from synth.engine import apply_teacher_overrides, load_generator, run
 
     cfg = load_generator(name_or_path, overrides or [])
@@ -67,6 +69,11 @@ def run_generator(name_or_path: str, endpoint: str, out: Path, overrides: list[s
     changes = dict(update or {})
     if source is not None:
         changes["source"] = source
+    if step_updates:
+        names = {s.get("name") for s in cfg.steps}
+        missing = set(step_updates) - names
+        assert not missing, f"no steps named {missing} in {name_or_path}"
+        changes["steps"] = [dict(s, **step_updates.get(s.get("name"), {})) for s in cfg.steps]
     if changes:
         cfg = cfg.model_copy(update=changes)
     teachers = {k: v.model_copy(update={"ready_timeout_s": 10.0, "max_retries": 2, "timeout_s": 30.0})
