@@ -22,13 +22,13 @@ export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
 .PHONY: demo test test-slow test-gpu setup check-java clean-demo
 .PHONY: teacher-env vllm-env llamacpp-env
 
-demo: setup
+demo: setup teacher-env
 	$(PY) -m demo $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
 
-test-slow: setup
+test-slow: setup vllm-env   # synth and trainer slow tests serve models with vLLM from .venv-vllm
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
 
 test-gpu: setup

@@ -15,10 +15,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     "demo": {
         # proxy stage (proxy_eval): tiny base, one continuation per slice, benchmarks from held-out docs
         "proxy_base_steps": 60, "proxy_steps": 30, "proxy_eval_docs": 24, "proxy_seq_len": 128, "proxy_batch": 8,
+        # synth stage: the vLLM teacher, problems x samples per mode
+        "synth_teacher": "vllm", "synth_problems": 40, "synth_samples": 4,
+        # synth_domains stage: text-to-SQL buckets and tool-use tasks against the same teacher
+        "synth_domains_sql_n": 8, "synth_domains_tool_n": 8,
     },
     "ci": {
         "proxy_base_steps": 6, "proxy_steps": 3, "proxy_eval_docs": 6, "proxy_seq_len": 64, "proxy_batch": 4,
         "proxy_eval_chars": 600,
+        "synth_teacher": "auto", "synth_problems": 12, "synth_samples": 2, "synth_eval_problems": 50,
+        "synth_domains_sql_n": 3, "synth_domains_tool_n": 3,
     },
 }
 

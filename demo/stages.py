@@ -3,4 +3,6 @@ shown) and may define `summary(result) -> list[str]` for the final listing."""
 
 STAGES: list[tuple[str, str]] = [
     # (stage name, module)
+    ("synth", "demo.synth_stage"),
+    ("synth_domains", "demo.synth_domains_stage"),
 ]

@@ -520,11 +520,13 @@ class ChatClient:
                 + " | ".join(parts)
                 + ". Check the servers (overloaded? wrong model?), lower max_concurrency, or add endpoints.")
 
-    async def _release(self, ep: EndpointState) -> None:
+    async def _release(self, ep: EndpointState, woken: int = 1) -> None:
+        """Free a slot and wake `woken` waiters (one per freed or added slot: waking every
+        waiter on each release is quadratic when thousands of requests are queued)."""
         assert self._cond is not None
         async with self._cond:
             ep.inflight -= 1
-            self._cond.notify_all()
+            self._cond.notify(woken)
 
     # ---- one attempt -------------------------------------------------------------------------
     async def _attempt(self, ep: EndpointState, req: ChatRequest) -> ChatResult:
@@ -632,10 +634,11 @@ class ChatClient:
             except BaseException:
                 await self._release(ep)
                 raise
-            await self._release(ep)
-            ep.n_ok += 1
+            before = ep.limit.limit
             ep.limit.on_success()
             ep.breaker.on_success()
+            await self._release(ep, woken=1 + max(0, ep.limit.limit - before))
+            ep.n_ok += 1
             res.latency_s = time.perf_counter() - t0
             res.attempts = attempt + 1
             self.n_requests += 1

