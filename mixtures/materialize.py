@@ -275,13 +275,13 @@ def component_uses_from(spec: MixtureSpec, phase: str | None, *, paths: dict[str
     return out
 
 
-def write_set(out_dir: Path, set_name: str, plan: StreamPlan, doc_source: Callable[[int, int], np.ndarray],
+def write_set(final_dir: Path, set_name: str, plan: StreamPlan, doc_source: Callable[[int, int], np.ndarray],
               doc_id: Callable[[int, int], str], spec: MixtureSpec, tokenizer: Tokenizer, *, phase: str | None,
               order: str, pool: Pool | None, components: list[ComponentUse], inputs: list,
               progress: Callable[[str], None] | None = None, engine: str = "local") -> ShardManifest:
     """Write one shard set from its stream plan; atomic (the directory appears complete or not at all)."""
     t0 = time.perf_counter()
-    final = out_dir / set_name
+    final = final_dir
     shards: list[ShardFile] = []
     with atomic.atomic_path(final) as tmp:
         tmp.mkdir(parents=True)
@@ -325,8 +325,10 @@ def write_run_record(directory: Path, set_name: str, engine: str, manifest: Shar
 
 def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLike, *, sets: list[str] | None = None,
                 work_dir: str | os.PathLike | None = None, keep_work: bool = False,
-                progress: Callable[[str], None] | None = None, force: bool = False) -> dict[str, ShardManifest]:
-    """Materialize every shard set of a spec (or the named `sets`) under `out_dir/<set name>/`.
+                progress: Callable[[str], None] | None = None, force: bool = False,
+                flat: bool = False) -> dict[str, ShardManifest]:
+    """Materialize every shard set of a spec (or the named `sets`) under `out_dir/<set name>/`
+    (with `flat=True` and exactly one set: at `out_dir` itself).
 
     Sets whose complete manifest records the same spec and inputs are reused (pass force=True to
     rewrite). Returns {set name: manifest}.
@@ -335,9 +337,12 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     if not isinstance(spec, MixtureSpec):
         spec = load_spec(spec)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic.clean_stale_tmp(out)
+    (out.parent if flat else out).mkdir(parents=True, exist_ok=True)
+    atomic.clean_stale_tmp(out.parent if flat else out)
     opened = check_components(spec)
+    set_dir = lambda name: out if flat else out / name  # noqa: E731
+    if flat and len(sets or set_names(spec)) != 1:
+        raise ValueError(f"flat=True writes one set, this call makes {sets or [s[0] for s in set_names(spec)]}")
     tokenizer = load_tokenizer(spec.tokenizer)
     wanted = [s for s in set_names(spec) if sets is None or s[0] in sets]
     if sets:
@@ -349,7 +354,7 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     results: dict[str, ShardManifest] = {}
     todo = []
     for name, phase, order in wanted:
-        found = None if force else find_complete(out / name, ShardManifest, set_config(spec, name, phase, order), inputs)
+        found = None if force else find_complete(set_dir(name), ShardManifest, set_config(spec, name, phase, order), inputs)
         if found is not None and found.spec_hash == spec.spec_hash():
             results[name] = found
             progress(f"{name}: complete from an earlier run (same spec and inputs), reused")
@@ -357,7 +362,8 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
             todo.append((name, phase, order))
     if not todo:
         return results
-    work = Path(work_dir) if work_dir else out / f".work-{spec.spec_hash()[:12]}"
+    work = Path(work_dir) if work_dir else (out.parent / f"{atomic.TMP_PREFIX}{out.name}.work-{spec.spec_hash()[:12]}"
+                                            if flat else out / f".work-{spec.spec_hash()[:12]}")
     spills: dict[str, TokenSpill] = {}
     records: dict[str, dict[str, Any]] = {}
     for c in spec.components:
@@ -373,9 +379,41 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     for name, phase, order in todo:
         plan = stream_plan(spec, planned, phase, order)
         uses = component_uses(spec, planned, plan, opened, records, phase)
-        results[name] = write_set(out, name, plan, doc_source, doc_id, spec, tokenizer, phase=phase, order=order,
+        results[name] = write_set(set_dir(name), name, plan, doc_source, doc_id, spec, tokenizer, phase=phase, order=order,
                                   pool=planned.pools.get(phase) if phase else None, components=uses,
                                   inputs=inputs, progress=progress)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
     return results
+
+
+def materialize_slice(component: str | os.PathLike, out_dir: str | os.PathLike, *,
+                      tokenizer: dict[str, Any] | Any, seq_len: int, seed: int = 0,
+                      doc_ids: Iterable[str] | None = None, band: tuple[float, float] | None = None,
+                      score_field: str | None = None, higher_is_better: bool = True,
+                      n_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> ShardManifest:
+    """One component (or a slice of it) as a uniformly ordered shard set at `out_dir`: what a
+    proxy run trains on. Pick the slice by `doc_ids`, by a within-component rank `band`
+    (low, high) of `score_field` (0 = least preferred end), or a seeded `n_tokens` sample;
+    with none of them, the whole component. `tokenizer` is a TokenizerSpec dict or object."""
+    chosen = [x is not None for x in (doc_ids, band, n_tokens)]
+    if sum(chosen) > 1:
+        raise ValueError("give at most one of doc_ids, band, n_tokens")
+    comp = Component.open(component)
+    if doc_ids is not None:
+        retention: dict[str, Any] = {"rule": "ids", "ids": sorted(set(doc_ids))}
+    elif band is not None:
+        retention = {"rule": "quantile_band", "low": float(band[0]), "high": float(band[1])}
+    elif n_tokens is not None:
+        retention = {"rule": "random_tokens", "n_tokens": int(n_tokens), "seed": seed}
+    else:
+        retention = {"rule": "all"}
+    tok = tokenizer.model_dump() if hasattr(tokenizer, "model_dump") else dict(tokenizer)
+    spec = MixtureSpec.model_validate({
+        "name": f"slice-{comp.name}", "tokenizer": tok, "seq_len": seq_len, "bucket_count": 1,
+        "seeds": {"uniform": seed, "budget": seed},
+        "components": [{"name": comp.name, "path": str(comp.directory), "score_field": score_field,
+                        "higher_is_better": higher_is_better, "retention": retention, "order_seed": seed}],
+        "phases": [{"name": "slice", "orders": ["uniform"], "components": {comp.name: {}}}],
+    })
+    return materialize(spec, out_dir, flat=True, progress=progress)["slice-uniform"]

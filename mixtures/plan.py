@@ -145,6 +145,10 @@ def retention_mask(c: ComponentSpec, cols: ComponentColumns, eligible: np.ndarra
         total = int(cols.n_tokens[rows].sum())
         keep[rows[order]] = cm.in_rank_band(prefix, total, low, high)
         details["rank_band"] = [low, high]
+    elif rule.rule == "ids":
+        wanted = rule.id_set()
+        keep[rows] = np.fromiter((i in wanted for i in cols.ids[rows]), dtype=bool, count=rows.size)
+        details["n_ids_missing"] = len(wanted - set(cols.ids[keep].tolist()))
     elif rule.rule == "random_tokens":
         order = cm.seeded_order(cm.doc_keys(cols.uids[rows], rule.seed, salt="retain"), cols.uids[rows])
         prefix = cm.exclusive_cumsum(cols.n_tokens[rows][order])

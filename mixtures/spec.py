@@ -118,7 +118,29 @@ class RetainRandomTokens(BaseModel):
     seed: int = 0
 
 
-Retention = Annotated[Union[RetainAll, RetainThreshold, RetainTopFraction, RetainQuantileBand, RetainRandomTokens],
+class RetainIds(BaseModel):
+    """Keep exactly the listed document ids (inline, or one per line in `ids_file`): proxy slices
+    chosen elsewhere (proxy_eval) become shard sets this way."""
+
+    model_config = ConfigDict(extra="forbid")
+    rule: Literal["ids"]
+    ids: list[str] | None = None
+    ids_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "RetainIds":
+        if (self.ids is None) == (self.ids_file is None):
+            raise ValueError("give ids or ids_file (one of them)")
+        return self
+
+    def id_set(self) -> set[str]:
+        if self.ids is not None:
+            return set(self.ids)
+        return {line.strip() for line in Path(self.ids_file).read_text(encoding="utf-8").splitlines() if line.strip()}
+
+
+Retention = Annotated[Union[RetainAll, RetainThreshold, RetainTopFraction, RetainQuantileBand, RetainRandomTokens,
+                            RetainIds],
                       Field(discriminator="rule")]
 
 

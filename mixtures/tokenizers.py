@@ -16,7 +16,7 @@ import itertools
 import os
 import unicodedata
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -332,3 +332,22 @@ CHATML_JINJA = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+def sample_component_texts(components: Sequence[str | os.PathLike], max_docs: int, seed: int = 0) -> Iterator[str]:
+    """About `max_docs` texts per component, a seeded sample (each document kept when its hash
+    falls in the first max_docs / n_docs of the range), streamed in component order."""
+    from common.component import Component
+    from mixtures import curriculum as cm
+
+    for path in components:
+        comp = Component.open(path)
+        fraction = min(1.0, max_docs / max(comp.manifest.n_docs, 1))
+        for batch in comp.iter_batches(columns=["id", "text"]):
+            ids = batch.column("id").to_pylist()
+            texts = batch.column("text").to_pylist()
+            keep = cm.holdout_mask(cm.doc_keys(ids, seed, salt=f"tokenizer-sample:{comp.name}"), fraction) \
+                if fraction < 1.0 else np.ones(len(ids), dtype=bool)
+            for t, k in zip(texts, keep):
+                if k and t:
+                    yield t

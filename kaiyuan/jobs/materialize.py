@@ -278,6 +278,8 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
 
     # 2. held-out set and retention ---------------------------------------------------------------
     seeds = spec.seeds
+    id_sets = spark.sparkContext.broadcast({c.name: c.retention.id_set() for c in spec.components
+                                            if c.retention.rule == "ids"})
 
     def annotate(pdf):
         uids = pdf["uid"].to_numpy(dtype=object)
@@ -297,6 +299,9 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
 
         def thr(c, m):
             r = c.retention
+            if r.rule == "ids":
+                wanted = id_sets.value[c.name]
+                return np.fromiter((i in wanted for i in pdf["id"].to_numpy(object)[m]), dtype=bool, count=int(m.sum()))
             return cm.threshold_mask(score[m], r.threshold, c.higher_is_better) if r.rule == "threshold" else True
 
         return {"held": held, "key": _per_component(pdf, spec, key, np.float64),

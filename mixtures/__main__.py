@@ -1,0 +1,136 @@
+"""`python -m mixtures <command>`
+
+  validate        --spec mixture.yaml [key=value ...]
+        check a spec (schema, names, weights, components on disk, score fields) before any work
+  materialize     --spec mixture.yaml --out shards/ [--sets a,b] [--force] [key=value ...]
+        write every shard set of the spec locally (streaming); the same sets at scale:
+        spark-submit kaiyuan/jobs/materialize.py --spec mixture.yaml --out shards/
+  inspect         shards/ [--plots DIR] [--verify]
+        per-segment composition and mean rank of each set; PNG plots
+  train-tokenizer --components DIR [DIR ...] --vocab-size N --out DIR [--max-docs N]
+        train a byte-level BPE (tokenizers) on a sample of components
+  sft             --config sft.yaml --out shards/sft [key=value ...]
+        render chat records into tokens + assistant-only loss masks and pack them
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from common.errors import ContractError
+
+
+def _validate(argv: list[str]) -> int:
+    from mixtures.spec import check_components, load_spec
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures validate")
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    spec = load_spec(args.spec, args.overrides)
+    comps = check_components(spec, args.spec)
+    print(f"{args.spec}: valid (spec {spec.spec_hash()[:12]})")
+    for c in spec.components:
+        m = comps[c.name].manifest
+        score = f"{c.score_field} ({'higher' if c.higher_is_better else 'lower'} is better)" if c.score_field else "unscored"
+        print(f"  {c.name}: {m.n_docs:,} docs, {score}, retention {c.retention.rule}, repeat {c.repeat}")
+    for p in spec.phases:
+        shares = ", ".join(f"{n}={s.weight:g}" if s.weight is not None else
+                           (f"{n}={s.n_tokens:,} tokens" if s.n_tokens else f"{n}=all") for n, s in p.components.items())
+        trans = f", transition {p.transition_tokens:,} tokens" if p.transition_tokens else ""
+        print(f"  phase {p.name}: {', '.join(p.orders)}, K={spec.bucket_count_of(p)}{trans}: {shares}")
+    return 0
+
+
+def _materialize(argv: list[str]) -> int:
+    from mixtures.materialize import materialize
+    from mixtures.spec import load_spec
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures materialize")
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sets", default="", help="comma-separated set names (default: all)")
+    ap.add_argument("--work-dir", default=None)
+    ap.add_argument("--keep-work", action="store_true")
+    ap.add_argument("--force", action="store_true", help="rewrite sets that are complete")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    spec = load_spec(args.spec, args.overrides)
+    results = materialize(spec, args.out, sets=[s for s in args.sets.split(",") if s] or None,
+                          work_dir=args.work_dir, keep_work=args.keep_work, force=args.force, progress=print)
+    for name, m in results.items():
+        print(f"{name}: {m.n_tokens:,} tokens, {m.n_docs:,} docs, {len(m.shards)} shards -> {Path(args.out) / name}")
+    return 0
+
+
+def _inspect(argv: list[str]) -> int:
+    from mixtures.inspect import inspect_sets
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures inspect")
+    ap.add_argument("path", help="a shard set, or a directory of shard sets")
+    ap.add_argument("--plots", default=None, help="directory for PNG plots")
+    ap.add_argument("--verify", action="store_true", help="re-hash every file")
+    args = ap.parse_args(argv)
+    lines, plots = inspect_sets(args.path, args.plots, verify=args.verify)
+    print("\n".join(lines))
+    for p in plots:
+        print(f"plot: {p}")
+    return 0
+
+
+def _train_tokenizer(argv: list[str]) -> int:
+    from mixtures.tokenizers import sample_component_texts, train_bpe
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures train-tokenizer")
+    ap.add_argument("--components", nargs="+", required=True, help="component directories")
+    ap.add_argument("--vocab-size", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--max-docs", type=int, default=20_000, help="documents sampled per component")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-frequency", type=int, default=2)
+    args = ap.parse_args(argv)
+    texts = sample_component_texts(args.components, args.max_docs, args.seed)
+    tok = train_bpe(texts, args.vocab_size, args.out, min_frequency=args.min_frequency)
+    print(f"{args.out}/tokenizer.json: vocab {tok.vocab_size}, eos {tok.eos_id}, digest {tok.identity.digest[:12]}")
+    return 0
+
+
+def _sft(argv: list[str]) -> int:
+    from common.config import load_config
+    from mixtures.sft import SftConfig, materialize_sft
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures sft")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    cfg = load_config(SftConfig, args.config, args.overrides)
+    m = materialize_sft(cfg, args.out, progress=print, force=args.force)
+    print(f"{args.out}: {m.n_tokens:,} tokens, {m.counts['n_loss_tokens']:,} loss tokens, {len(m.shards)} shards")
+    return 0
+
+
+COMMANDS = {"validate": _validate, "materialize": _materialize, "inspect": _inspect,
+            "train-tokenizer": _train_tokenizer, "sft": _sft}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except (ContractError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
