@@ -7,6 +7,7 @@
   pca       --profile DIR --out DIR               z-scored PCA of capability vectors + biplot PNG
   suggest   --profile DIR --plan DIR --out mixture.yaml   thresholds + a mixture spec draft
   fit       cost|power|mpl --csv FILE             cost law, loss power law, Multi-Power Law
+  track     --run DIR --suite suite.yaml --out DIR   merged-checkpoint evaluation (WSM-style windows)
 """
 
 from __future__ import annotations
@@ -197,6 +198,32 @@ def cmd_fit(args) -> int:
     return 0
 
 
+def cmd_track(args) -> int:
+    from common import atomic
+    from proxy_eval.merge import best_per_point, track_run
+    from proxy_eval.tasks import SuiteConfig
+
+    suite = load_config(SuiteConfig, args.suite, args.overrides)
+    windows = [int(w) for w in args.windows.split(",") if w]
+    points = track_run(args.run, suite, windows=windows, shape=args.shape, tokenizer=args.tokenizer, at=args.at,
+                       batch_size=args.batch_size)
+    best = best_per_point(points)
+    out = Path(args.out)
+    atomic.write_json(out / "track.json", {"schema": "proxy_eval.track/1", "shape": args.shape, "windows": windows,
+                                            "points": [p.to_dict() for p in points],
+                                            "best": {str(k): v.to_dict() for k, v in best.items()}})
+    lines = ["end_step,window,average," + ",".join(sorted(points[0].scores))]
+    for p in points:
+        lines.append(f"{p.end_step},{p.window},{p.average:.6g}," + ",".join(f"{p.scores[t]:.6g}" for t in sorted(p.scores)))
+        print(f"step {p.end_step:>7}  window {p.window:>3}  average {p.average:.4f}")
+    atomic.write_text(out / "track.csv", "\n".join(lines) + "\n")
+    for step, p in sorted(best.items()):
+        raw = next(q for q in points if q.end_step == step and q.window == 0)
+        print(f"step {step}: best merge window {p.window} ({p.average:.4f}) vs raw checkpoint ({raw.average:.4f})")
+    print(json.dumps({"track": str(out / "track.json")}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m proxy_eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -265,6 +292,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-sum", type=float, default=0.0, help="mpl: S_W, the warmup learning-rate sum")
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_fit)
+
+    p = sub.add_parser("track", help="evaluate merges of recent checkpoints (WSM-style) along a trainer run")
+    p.add_argument("--run", required=True, help="a trainer run directory (or its checkpoints/)")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--windows", default="5,10,20", help="updates per merge window (checkpoints - 1)")
+    p.add_argument("--shape", default="1-sqrt", choices=["1-sqrt", "linear", "cosine", "constant", "equal"])
+    p.add_argument("--at", default="latest", choices=["latest", "all"])
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_track)
 
     args = ap.parse_args(argv)
     return args.fn(args)
