@@ -13,6 +13,9 @@ from typing import Any
 # chain the end-to-end test runs. Stages read their own keys with `ctx.size(key)`.
 PROFILES: dict[str, dict[str, Any]] = {
     "demo": {
+        # tokenizer and mixtures stages: BPE vocab and sample, buckets K, window length, transition share
+        "tokenizer_vocab": 4096, "tokenizer_docs": 4000, "mixtures_buckets": 16, "mixtures_seq_len": 256,
+        "mixtures_transition_fraction": 0.1, "mixtures_holdout": 0.02,
         # proxy stage (proxy_eval): tiny base, one continuation per slice, benchmarks from held-out docs
         "proxy_base_steps": 60, "proxy_steps": 30, "proxy_eval_docs": 24, "proxy_seq_len": 128, "proxy_batch": 8,
         # synth stage: the vLLM teacher, problems x samples per mode
@@ -21,6 +24,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "synth_domains_sql_n": 8, "synth_domains_tool_n": 8,
     },
     "ci": {
+        "tokenizer_vocab": 1024, "tokenizer_docs": 1000, "mixtures_buckets": 4, "mixtures_seq_len": 64,
         "proxy_base_steps": 6, "proxy_steps": 3, "proxy_eval_docs": 6, "proxy_seq_len": 64, "proxy_batch": 4,
         "proxy_eval_chars": 600,
         "synth_teacher": "auto", "synth_problems": 12, "synth_samples": 2, "synth_eval_problems": 50,

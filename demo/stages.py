@@ -5,4 +5,8 @@ STAGES: list[tuple[str, str]] = [
     # (stage name, module)
     ("synth", "demo.synth_stage"),
     ("synth_domains", "demo.synth_domains_stage"),
+    # ("kaiyuan", ...) goes here, before "tokenizer" (which trains on its components)
+    ("tokenizer", "demo.tokenizer_stage"),
+    # ("proxy", ...) goes here, between "tokenizer" and "mixtures"
+    ("mixtures", "demo.mixtures_stage"),
 ]
