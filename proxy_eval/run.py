@@ -5,7 +5,7 @@ uniform shard set made from the slice (mixtures), and is then scored by the benc
 score vector is the slice's capability profile.
 
     <out>/base/                    the fixed base: checkpoint (given, or trained once here) + its scores
-    <out>/slices/<slice>/shards/   the slice as a uniform shard set (mixtures.materialize)
+    <out>/slices/<slice>/shards/   the slice as a uniform shard set (mixtures.materialize_slice)
     <out>/slices/<slice>/train/    the continuation run (trainer; resumes itself after a kill)
     <out>/slices/<slice>/eval/     results.json + samples/<task>.jsonl
     <out>/slices/<slice>/manifest.json   SliceRunManifest: written last; its presence = slice done
@@ -44,8 +44,6 @@ from proxy_eval.tasks import SuiteConfig
 
 log = get_logger(__name__)
 
-SLICE_SET = "slice-uniform"          # the shard set name mixtures gives phase "slice", order "uniform"
-BASE_SET = "base-uniform"
 
 
 class BaseSection(BaseModel):
@@ -255,10 +253,14 @@ class ProxyRunner:
         return self.out / "slices" / name
 
     def materialize_slice(self, name: str) -> Path:
-        comp_dir = self.plan.slice_dir(self.plan_dir, name)
-        spec = single_component_spec(f"proxy-slice-{name}", {name: str(comp_dir)}, self.tokenizer,
-                                     self.config.seq_len, self.config.seed, "slice")
-        return materialize_shards(spec, self.slice_dir(name) / "shards", self.progress)
+        """The slice component as a uniformly ordered shard set (mixtures.materialize_slice; reused
+        when complete for the same spec and inputs)."""
+        from mixtures.materialize import materialize_slice
+
+        out = self.slice_dir(name) / "shards"
+        materialize_slice(self.plan.slice_dir(self.plan_dir, name), out, tokenizer=self.tokenizer,
+                          seq_len=self.config.seq_len, seed=self.config.seed, progress=self.progress)
+        return out
 
     def slice_config(self, name: str, base: Path, steps: int) -> dict[str, Any]:
         """Everything that determines a slice's result (its hash decides reuse)."""
