@@ -125,9 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd = argv[0]
-    if cmd in COMMANDS:
-        return {"list": _list, "export": _export, "clean": _clean, "serve": _serve}[cmd](argv[1:])
-    return _run_generator(argv)
+    from common.errors import ContractError
+    from synth.client import CircuitOpenError, EndpointNotReady, RequestRejected
+    from synth.servers import ServerError
+    try:
+        if cmd in COMMANDS:
+            return {"list": _list, "export": _export, "clean": _clean, "serve": _serve}[cmd](argv[1:])
+        return _run_generator(argv)
+    except (ContractError, CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError) as e:
+        print(f"python -m synth: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -51,3 +51,16 @@ def test_clean_reports_each_removal_and_is_idempotent(tmp_path):
     assert removal_summary(removals) == {"empty_conversation": 1, "exact_duplicate": 2, "ngram_overlap:gsm8k": 1}
     again, removed_again = clean_records(kept, idx)
     assert [r.id for r in again] == ["r0", "r5"] and removed_again == []
+
+
+def test_eval_sets_load_from_a_datasets_directory_and_parquet(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    datasets.DatasetDict({"test": datasets.Dataset.from_list([{"q": EVAL_Q, "uid": "g7"}])}).save_to_disk(str(tmp_path / "ds"))
+    pq.write_table(pa.table({"question": ["What is 17 times 23?"]}), tmp_path / "e.parquet")
+    idx = build_eval_index([{"name": "gsm", "path": str(tmp_path / "ds"), "fields": ["q"], "id_field": "uid"},
+                            {"name": "pq", "path": str(tmp_path / "e.parquet")}])
+    assert idx.find(EVAL_Q)[:2] == ("gsm", "g7")
+    assert idx.find("so what is 17 times 23?")[0] == "pq"
+    assert idx.n_examples == {"gsm": 1, "pq": 1}

@@ -288,3 +288,25 @@ def test_vllm_backend_without_vllm_says_how_to_get_it(tmp_path):
     backend = VllmBackend(TeacherConfig(model="m", backend="vllm"))
     with pytest.raises(RuntimeError, match="purokit\\[vllm\\]"):
         asyncio.run(backend.start())
+
+
+def test_judge_admits_and_rejects_and_records_its_rule(fake_server, tmp_path):
+    """Without a reference: a judge endpoint decides (LN §3.2 reward/judge filtering)."""
+    def responder(req):
+        text = req["messages"][-1]["content"]
+        if text.startswith("You are grading"):
+            ok = "Candidate answer:\nPARIS" in text
+            assert req["response_format"]["type"] == "json_schema"          # constrained verdicts
+            return json.dumps({"verdict": ok})
+        return "PARIS" if req["seed"] % 2 else "LYON"
+    srv = fake_server(responder)
+    cfg = {"generator": "judged", "teachers": {"t": fast_teacher([srv.base_url]), "judge": fast_teacher([srv.base_url])},
+           "source": {"kind": "inline", "items": [{"id": "q", "prompt": "Capital of France?"}]},
+           "steps": [{"kind": "generate", "field": "a", "teacher": "t", "mode": "off", "n": 6},
+                     {"kind": "verify", "fields": ["a"], "fallback": "judge", "judge": {"teacher": "judge"}},
+                     {"kind": "format_sft", "field": "a"}]}
+    res = run(gen(cfg), tmp_path / "j", progress=False)
+    recs = list(read_records(res.records_path))
+    assert recs and all(r.messages[-1].content == "PARIS" for r in recs)
+    assert all(r.verification.method == "judge" and r.verification.rule == "judge:fake-teacher" for r in recs)
+    assert res.manifest.steps["verify"]["in"] == 6 and res.manifest.steps["verify"]["out"] == len(recs) < 6

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -14,18 +18,31 @@ import pytest
 from synth.client import ChatClient, ChatRequest, RequestRejected, TeacherConfig
 from synth.engine import apply_teacher_overrides, load_generator, run
 from synth.records import read_records
-from synth.servers import default_spec, start_server
+from synth.servers import default_spec, free_port, probe_models
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def vllm_teacher(tmp_path_factory):
+    """`python -m synth serve vllm` (the README's command), stopped with Ctrl-C (SIGINT)."""
     spec = default_spec("vllm", served_name="teacher")
     if not Path(spec.python).exists() or not Path(spec.model).exists():
         pytest.fail("the vLLM environment is missing: run `make vllm-env` (make test-slow does)")
-    with start_server(spec, log_dir=tmp_path_factory.mktemp("vllm-logs")) as srv:
-        yield srv
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "synth", "serve", "vllm", "--served-name", "teacher",
+                             "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()                    # printed once the server is ready
+        assert line.startswith("serving teacher at"), line
+        yield SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    assert probe_models(f"http://127.0.0.1:{port}/v1") is None   # stopped with its engine
 
 
 def teacher(srv, **kw) -> TeacherConfig:
