@@ -175,6 +175,14 @@ def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, 
     return SuiteConfig(name="demo-proxy", tasks=tasks, batch_size=8), ids_file
 
 
+def write_yaml(path: Path, data: dict[str, Any]) -> None:
+    import yaml
+
+    from common import atomic
+
+    atomic.write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
 def component_tokens(path: Path, tokenizer: Any) -> int:
     comp = Component.open(path)
     if "n_tokens" in comp.columns:
@@ -212,6 +220,8 @@ def run(ctx) -> dict[str, Any]:
     suite, held_ids = build_suite(components, out / "benchmarks", int(ctx.size("proxy_eval_docs", 24)), seed,
                                   int(ctx.size("proxy_eval_chars", 1500)))
     ctx.step("tasks: " + ", ".join(f"{t.name} ({t.group})" for t in suite.tasks))
+    # every configuration is also written as the YAML a user would pass to `python -m proxy_eval ...`
+    write_yaml(out / "suite.yaml", suite.model_dump(mode="json", exclude_defaults=True))
 
     scored = {n: p for n, p in components.items() if score_columns(Component.open(p).columns)}
     if not scored:
@@ -226,8 +236,10 @@ def run(ctx) -> dict[str, Any]:
                        seed=seed)
     refs = [ComponentRef(path=str(p), score_field="auto" if n in scored else None) for n, p in sorted(components.items())]
     ctx.step(f"slice plan: quantile slices of '{main_source}' ({total:,} tokens), {slice_tokens:,} tokens per slice")
-    plan = make_plan(PlanConfig(components=refs, rules=rules, out=str(out / "plan"), exclude_ids=str(held_ids),
-                                count_tokens_with=tok_spec))
+    plan_cfg = PlanConfig(components=refs, rules=rules, out=str(out / "plan"), exclude_ids=str(held_ids),
+                          count_tokens_with=tok_spec)
+    write_yaml(out / "plan.yaml", plan_cfg.model_dump(mode="json", exclude_defaults=True))
+    plan = make_plan(plan_cfg)
     for d in plan.decisions:
         ctx.step(f"  {d.component}: {d.rule} ({d.reason})" + (f" -> {', '.join(s.name for s in d.slices)}" if d.slices else ""))
 
@@ -238,13 +250,17 @@ def run(ctx) -> dict[str, Any]:
         out=str(out / "run"), plan=str(out / "plan"), tokenizer=tok_spec, seq_len=seq_len, seed=seed,
         base={"components": [str(p) for _, p in sorted(components.items())], "steps": int(ctx.size("proxy_base_steps", 60)),
               "global_batch": batch, "micro_batch": batch,
-              "trainer": {"model": model, "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 5}}},
+              "trainer": {"model": model, "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 5},
+                          # several base checkpoints, so `python -m proxy_eval track` has windows to merge
+                          "checkpoint": {"every_steps": max(1, int(ctx.size("proxy_base_steps", 60)) // 6),
+                                         "keep_last": 8}}},
         # the same number of steps for every slice; a demo slice is small, so it may be read more than once
         continuation={"steps": int(ctx.size("proxy_steps", 30)), "repeat": True, "global_batch": batch,
                       "micro_batch": batch,
                       "trainer": {"schedule": {"kind": "wsd", "lr": 1e-3, "decay_ratio": 0.5}}},
-        suite=suite, eval_batch_size=8, device="cpu")
-    atomic.write_json(out / "proxy-run.json", cfg.model_dump(mode="json"))
+        suite=str(out / "suite.yaml"), eval_batch_size=8, device="cpu")
+    write_yaml(out / "proxy-run.yaml", cfg.model_dump(mode="json", exclude_defaults=True))
+    write_yaml(out / "spec-base.yaml", {"tokenizer": tok_spec, "seq_len": seq_len})
     manifest = ProxyRunner(cfg, progress=ctx.step).run()
 
     profile = read_profile(out / "run" / "profile")

@@ -81,3 +81,23 @@ def test_demo_proxy_stage_ci_size(tmp_path, capsys):
     tasks = json.loads((Path(result["run"]) / "slices" / "code.random" / "eval" / "results.json").read_text())["tasks"]
     assert {t["task"] for t in tasks} == {"prose_bpb", "code_bpb", "math_bpb", "math_answer"}
     assert all(s for s in summary(result))
+
+    # the README's proxy_eval commands on the stage's output
+    from proxy_eval.__main__ import main
+
+    d = tmp_path / "demo" / "proxy"
+    capsys.readouterr()
+    assert main(["plan", "--config", str(d / "plan.yaml")]) == 0                      # complete: reused
+    assert main(["run", "--config", str(d / "proxy-run.yaml")]) == 0                  # every slice reused
+    assert "rank" in capsys.readouterr().out
+    assert main(["pca", "--profile", str(d / "run" / "profile"), "--out", str(d / "pca")]) == 0
+    assert main(["suggest", "--profile", str(d / "run" / "profile"), "--plan", str(d / "plan"),
+                 "--emphasis", "Math=2,Code=1,General=1", "--base-spec", str(d / "spec-base.yaml"),
+                 "--out", str(d / "mixture-draft.yaml")]) == 0
+    assert json.loads((d / "mixture-draft.json").read_text())["spec_valid"] is True
+    assert main(["eval", "--model", str(d / "run" / "base" / "train"), "--suite", str(d / "suite.yaml"),
+                 "--out", str(d / "eval-base")]) == 0
+    assert main(["track", "--run", str(d / "run" / "base" / "train"), "--suite", str(d / "suite.yaml"),
+                 "--windows", "2,4", "--out", str(d / "track")]) == 0
+    track = json.loads((d / "track" / "track.json").read_text())
+    assert [p["window"] for p in track["points"]] == [0, 2, 4]
