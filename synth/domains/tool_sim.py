@@ -187,9 +187,14 @@ async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str,
             if parsed.calls:
                 msg["tool_calls"] = parsed.calls
             problems = list(parsed.problems)
+            n_valid = 0
             for call in parsed.calls:
-                problems += tool_call_problems(call, exposed)
-            res.count("tool_verifier", 1, 0 if problems else 1)
+                found = tool_call_problems(call, exposed)
+                problems += found
+                n_valid += not found
+            # the Tool Verifier's acceptance is per call (an unparsable call block counts as one)
+            if parsed.calls or parsed.problems:
+                res.count("tool_verifier", len(parsed.calls) + len(parsed.problems), n_valid)
             if problems:
                 res.schema_violations += problems
                 if opts.stop_on_violation:

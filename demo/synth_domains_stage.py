@@ -1,0 +1,111 @@
+"""Demo stage "synth_domains": the text-to-SQL and general tool-use generators (Nemotron 3 Super
+§3.1.1) against the synth stage's teacher, with acceptance printed for every stage.
+
+The teacher is the one the "synth" stage used (SmolLM2-135M-Instruct behind vLLM's OpenAI server;
+restarted here from the launch spec that stage recorded, or reused if it still runs), or the
+scripted server when that stage ran with it (`ci` profile without .venv-vllm). Both generators run
+at once against it, so the server batches their requests. So small a model gets almost nothing
+through: its schemas, queries and tool calls fail the validators, which is what this stage shows
+(every rejection is in each run's rejects.jsonl with its stage and reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+# Smaller token budgets than the shipped configs: a 135M model rambles, and the stage has ~1.5 min.
+SQL_PARAMS = {"schema": {"max_tokens": 360, "temperature": 0.7}, "task": {"max_tokens": 160, "temperature": 0.7}}
+TOOL_PARAMS = {"query": {"params": {"max_tokens": 60, "temperature": 0.8}},
+               "simulate": {"assistant_params": {"max_tokens": 120, "temperature": 0.6},
+                            "tool_params": {"max_tokens": 80, "temperature": 0.3},
+                            "user_params": {"max_tokens": 60, "temperature": 0.8}, "max_steps_per_turn": 2}}
+JUDGE_PARAMS = {"temperature": 0.0, "max_tokens": 40}
+
+
+def _teacher(ctx: Any, out: Path) -> tuple[str, Any, str]:
+    """(base_url, handle to stop or None, engine) from the synth stage's teacher description."""
+    teacher = ctx.result("synth")["teacher"]
+    if teacher.get("spec"):
+        from synth import servers
+        ctx.step("starting the teacher again from the synth stage's launch spec (vLLM, SmolLM2-135M-Instruct)")
+        base_url, srv = servers.ensure_server(teacher, log_dir=out / "logs")
+        return base_url, srv, teacher.get("engine", "vllm")
+    from synth.fakeserver import FakeOpenAIServer
+    ctx.step("the synth stage used the scripted teacher (no .venv-vllm): using it here too")
+    fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False).start()
+    return fake.base_url, fake, "purokit-fakeserver"
+
+
+def _configure(name: str, base_url: str, engine: str, source: dict[str, Any], step_params: dict[str, dict[str, Any]]) -> Any:
+    from synth.engine import load_generator
+    from synth.pipeline import GeneratorConfig
+
+    data = load_generator(name).model_dump(mode="json")
+    data["source"] = dict(data["source"], **source)
+    for step in data["steps"]:
+        step.update(step_params.get(step.get("name"), {}))
+        if "judge" in step:
+            step["judge"] = dict(step["judge"], params=JUDGE_PARAMS)
+        if step.get("kind") == "sql_schema":
+            step["params"] = SQL_PARAMS["schema"]
+        if step.get("kind") == "sql_task":
+            step["params"] = SQL_PARAMS["task"]
+    for t in data["teachers"].values():
+        t.update(endpoints=[base_url], model="teacher", engine=engine, initial_concurrency=16, max_concurrency=32,
+                 ready_timeout_s=60, timeout_s=120)
+    return GeneratorConfig.model_validate(data)
+
+
+def _acceptance(m: Any) -> dict[str, dict[str, Any]]:
+    return {name: {"in": sc["in"], "out": sc["out"], "acceptance": sc["acceptance"]} for name, sc in m.steps.items()}
+
+
+def run(ctx: Any) -> dict[str, Any]:
+    import synth.domains.text_to_sql  # noqa: F401  (registers the sources and steps)
+    import synth.domains.tool_use  # noqa: F401
+    from synth.engine import run_async
+
+    out = ctx.stage_dir()
+    n_sql = int(ctx.size("synth_domains_sql_n", 8))
+    n_tool = int(ctx.size("synth_domains_tool_n", 8))
+    base_url, handle, engine = _teacher(ctx, out)
+    try:
+        sql_cfg = _configure("text_to_sql", base_url, engine, {"n": n_sql, "dialects": ["sqlite", "postgres", "mysql"]}, {})
+        tool_cfg = _configure("tool_use", base_url, engine, {"n": n_tool}, TOOL_PARAMS)
+        ctx.step(f"generating at once: {n_sql} text-to-SQL buckets and {n_tool} tool-use tasks against {base_url}")
+
+        async def both() -> tuple[Any, Any]:
+            return await asyncio.gather(run_async(sql_cfg, out / "text_to_sql", progress=False),
+                                        run_async(tool_cfg, out / "tool_use", progress=False))
+
+        sql_res, tool_res = asyncio.run(both())
+    finally:
+        if handle is not None:
+            handle.stop()
+            ctx.step("teacher stopped")
+    result: dict[str, Any] = {"teacher": {"base_url": base_url, "engine": engine}}
+    for name, res in (("text_to_sql", sql_res), ("tool_use", tool_res)):
+        m = res.manifest
+        acc = _acceptance(m)
+        ctx.step(f"{name}: {m.counts['records']} records from {m.counts['prompts']} prompts; acceptance per stage:")
+        for stage, sc in acc.items():
+            rate = "-" if sc["acceptance"] is None else f"{sc['acceptance']:.0%}"
+            ctx.step(f"  {stage:<26} {sc['out']:>4} / {sc['in']:<4} ({rate})")
+        result[name] = {"records": str(res.records_path), "rejects": str(res.out_dir / "rejects.jsonl"),
+                        "manifest": str(res.out_dir / "manifest.json"), "n_records": m.counts["records"],
+                        "n_prompts": m.counts["prompts"], "acceptance": acc,
+                        "completion_tokens": m.usage["completion_tokens"]}
+    return result
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    lines = []
+    for name in ("text_to_sql", "tool_use"):
+        r = result[name]
+        first_drop = next((s for s, sc in r["acceptance"].items() if sc["in"] and sc["out"] < sc["in"]), None)
+        lines.append(f"{name}: {r['n_records']} records from {r['n_prompts']} prompts -> {r['records']}"
+                     + (f" (first losses at stage '{first_drop}'; reasons in {r['rejects']})" if first_drop else ""))
+    lines.append(f"teacher: {result['teacher']['engine']} at {result['teacher']['base_url']} (stopped)")
+    return lines

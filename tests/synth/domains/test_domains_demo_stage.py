@@ -1,0 +1,31 @@
+"""The demo stage "synth_domains" runs both generators against the synth stage's teacher (here the
+scripted one, as in the `ci` profile without .venv-vllm) and reports acceptance per stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from demo.context import DemoContext
+
+
+def test_stage_runs_sql_and_tool_use_and_reports_every_stage(tmp_path):
+    import demo.synth_domains_stage as stage
+
+    ctx = DemoContext(root=tmp_path, profile="ci")
+    ctx.stage = "synth_domains"
+    ctx.results["synth"] = {"teacher": {"kind": "scripted", "base_url": "http://127.0.0.1:9/v1", "model": "teacher",
+                                        "spec": None, "engine": "purokit-fakeserver"}}
+    result = stage.run(ctx)
+    json.dumps(result)                                   # a stage result is JSON
+    for name, first in (("text_to_sql", "schema"), ("tool_use", "query")):
+        r = result[name]
+        assert Path(r["records"]).is_file() and Path(r["manifest"]).is_file() and Path(r["rejects"]).is_file()
+        assert r["n_prompts"] == 3
+        assert r["acceptance"][first]["in"] == 3
+        # the scripted arithmetic teacher writes no SQL: everything is rejected at the first stage, with a reason
+        rejects = [json.loads(x) for x in Path(r["rejects"]).read_text().splitlines()]
+        if name == "text_to_sql":
+            assert r["n_records"] == 0 and {x["step"] for x in rejects} == {"schema"}
+    lines = stage.summary(result)
+    assert any("text_to_sql" in x for x in lines) and any("tool_use" in x for x in lines)
