@@ -62,3 +62,12 @@ def test_cli_fit_mpl_with_heldout(tmp_path):
     res = json.loads((tmp_path / "m.json").read_text())
     assert res["heldout_rmse"]["wsd"] < 1e-3
     assert res["params"]["alpha"] == pytest.approx(TRUE.alpha, rel=1e-2)
+
+
+def test_readme_cost_law_example(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "costs.csv").write_text("cost,score\n4.4,55.6\n6.89,55.99\n9.0,56.7\n12.0,57.2\n")
+    assert main(["fit", "cost", "--csv", "costs.csv", "--invert", "57.17", "57.81"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["c0"] == 1.84 and 0 < res["b"] < 3 and res["rmse"] < 0.5
+    assert res["inversions"]["57.17"] < res["inversions"]["57.81"]

@@ -95,6 +95,9 @@ def test_demo_proxy_stage_ci_size(tmp_path, capsys):
                  "--emphasis", "Math=2,Code=1,General=1", "--base-spec", str(d / "spec-base.yaml"),
                  "--out", str(d / "mixture-draft.yaml")]) == 0
     assert json.loads((d / "mixture-draft.json").read_text())["spec_valid"] is True
+    from mixtures.__main__ import main as mixtures_main
+
+    assert mixtures_main(["validate", "--spec", str(d / "mixture-draft.yaml")]) == 0
     assert main(["eval", "--model", str(d / "run" / "base" / "train"), "--suite", str(d / "suite.yaml"),
                  "--out", str(d / "eval-base")]) == 0
     assert main(["track", "--run", str(d / "run" / "base" / "train"), "--suite", str(d / "suite.yaml"),
