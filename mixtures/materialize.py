@@ -126,10 +126,27 @@ class TokenSpill:
         return ComponentColumns(name=name, ids=np.array(t.column("id").to_pylist(), dtype=object),
                                 n_tokens=t.column("n_tokens").to_numpy(), scores=score, dup_count=dup)
 
-    def tokens(self) -> np.ndarray:
-        path = self.directory / "tokens.bin"
-        n = path.stat().st_size // self.dtype.itemsize
-        return np.memmap(path, dtype=self.dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype=self.dtype)
+    def reader(self, n_tokens: np.ndarray) -> "SpillReader":
+        return SpillReader(self.directory / "tokens.bin", n_tokens, self.dtype)
+
+
+class SpillReader:
+    """doc(row) -> its tokens, by positioned reads (a memory map would count every page it touched
+    in the process's resident memory; pread leaves them to the page cache)."""
+
+    def __init__(self, path: Path, n_tokens: np.ndarray, dtype: np.dtype):
+        self._fd = os.open(path, os.O_RDONLY)
+        self._offsets = np.concatenate([[0], np.cumsum(n_tokens)]) * dtype.itemsize
+        self._dtype = dtype
+
+    def __call__(self, row: int) -> np.ndarray:
+        a, b = int(self._offsets[row]), int(self._offsets[row + 1])
+        return np.frombuffer(os.pread(self._fd, b - a, a), dtype=self._dtype)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def tokenize_component(comp: Component, score_field: str | None, tokenizer: Tokenizer, directory: Path,
@@ -371,17 +388,20 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
                                                              work / c.name, progress)
     comps = {c.name: spills[c.name].columns(c.name) for c in spec.components}
     planned = plan_all(spec, comps)
-    tokens = {i: spills[c.name].tokens() for i, c in enumerate(spec.components)}
-    offsets = {i: np.concatenate([[0], np.cumsum(comps[c.name].n_tokens)]) for i, c in enumerate(spec.components)}
+    readers = {i: spills[c.name].reader(comps[c.name].n_tokens) for i, c in enumerate(spec.components)}
     ids = {i: comps[c.name].ids for i, c in enumerate(spec.components)}
-    doc_source = lambda ci, row: np.asarray(tokens[ci][offsets[ci][row]:offsets[ci][row + 1]])  # noqa: E731
+    doc_source = lambda ci, row: readers[ci](row)  # noqa: E731
     doc_id = lambda ci, row: str(ids[ci][row])  # noqa: E731
-    for name, phase, order in todo:
-        plan = stream_plan(spec, planned, phase, order)
-        uses = component_uses(spec, planned, plan, opened, records, phase)
-        results[name] = write_set(set_dir(name), name, plan, doc_source, doc_id, spec, tokenizer, phase=phase, order=order,
-                                  pool=planned.pools.get(phase) if phase else None, components=uses,
-                                  inputs=inputs, progress=progress)
+    try:
+        for name, phase, order in todo:
+            plan = stream_plan(spec, planned, phase, order)
+            uses = component_uses(spec, planned, plan, opened, records, phase)
+            results[name] = write_set(set_dir(name), name, plan, doc_source, doc_id, spec, tokenizer, phase=phase,
+                                      order=order, pool=planned.pools.get(phase) if phase else None, components=uses,
+                                      inputs=inputs, progress=progress)
+    finally:
+        for r in readers.values():
+            r.close()
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
     return results
