@@ -47,7 +47,8 @@ from trainer.fp8 import Fp8Recipe, convert_to_fp8  # noqa: E402
 from trainer.model import build_model, preset_config, token_losses  # noqa: E402
 from trainer.optim import OptimConfig, build_optimizer  # noqa: E402
 
-PRECISIONS = {"bf16": None, "fp8": "fp8-blockwise"}
+# "fp8" uses --quantizer (auto: the torch ops under torch.compile); the suffixed ones force a quantizer
+PRECISIONS = ("bf16", "fp8", "fp8-triton", "fp8-torch")
 
 
 class LossModel(nn.Module):
@@ -74,8 +75,9 @@ def build(args, precision: str, vocab: int, device: torch.device):
     cfg = preset_config(args.preset, vocab_size=vocab, max_seq_len=max(args.seq, 128))
     torch.manual_seed(args.seed)
     model = build_model(cfg, seed=args.seed, device=device)
-    if precision == "fp8":
-        convert_to_fp8(model, Fp8Recipe(scale_format=args.scale_format, quantizer=args.quantizer))
+    if precision.startswith("fp8"):
+        quantizer = precision.split("-", 1)[1] if "-" in precision else args.quantizer
+        convert_to_fp8(model, Fp8Recipe(scale_format=args.scale_format, quantizer=quantizer))
     optimizer = build_optimizer(model, OptimConfig(ns_dtype="bfloat16"))
     step_model: nn.Module = LossModel(model, device.type)
     if args.compile:
@@ -148,13 +150,15 @@ def random_batches(args, vocab: int, gen: torch.Generator, device: torch.device)
     return out
 
 
-def profile_step(step_model, model, optimizer, batches, path: Path) -> None:
+def profile_step(step_model, model, optimizer, batches, path: Path, title: str) -> None:
+    """Append the CUDA-time table of one profiled step to ``path``."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train_step(step_model, model, optimizer, batches, 1e-3)
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
-    path.write_text(table)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=100)
+    with path.open("a") as f:
+        f.write(f"==== {title}\n{table}\n")
 
 
 # -------------------------------------------------------------------------------------------- throughput
@@ -199,7 +203,7 @@ def run_throughput(args) -> dict:
         tokens_per_step = args.micro_batch * args.accum * args.seq * world
         med = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
         shape = shape_from_config(cfg)
-        rep = throughput_report(shape, args.seq, tokens_per_step, med["total"] / 1e3, fp8=precision == "fp8",
+        rep = throughput_report(shape, args.seq, tokens_per_step, med["total"] / 1e3, fp8=precision.startswith("fp8"),
                                 peaks=H200, n_gpus=world)
         res = {
             "precision": precision, "preset": args.preset, "seq": args.seq, "micro_batch": args.micro_batch,
@@ -214,12 +218,15 @@ def run_throughput(args) -> dict:
         results[precision] = res
         log(json.dumps(res))
         if args.profile and device.type == "cuda" and (not dist.is_initialized() or dist.get_rank() == 0):
-            profile_step(step_model, model, optimizer, batches, out / f"profile_{args.preset}_{precision}_w{world}.txt")
+            profile_step(step_model, model, optimizer, batches, out / f"profile_{args.preset}_w{world}{args.tag}.txt",
+                         f"{args.preset} {precision} world {world} micro-batch {args.micro_batch} x accum {args.accum}")
             log(f"{precision}: profile written")
         del model, step_model, optimizer, batches
         torch._dynamo.reset()
-    if "bf16" in results and "fp8" in results:
-        results["fp8_over_bf16_tokens_per_s"] = results["fp8"]["tokens_per_s"] / results["bf16"]["tokens_per_s"]
+        for name in results:
+            if name.startswith("fp8") and "bf16" in results:
+                results[name]["over_bf16_tokens_per_s"] = results[name]["tokens_per_s"] / results["bf16"]["tokens_per_s"]
+        _write(args, results, partial=True)
     return results
 
 
@@ -293,6 +300,7 @@ def run_quality(args) -> dict:
         del model, step_model, optimizer
         torch._dynamo.reset()
         _reset_memory(device)
+        _write(args, results, partial=True)
     if "bf16" in results and "fp8" in results:
         b, f = results["bf16"]["heldout_loss"], results["fp8"]["heldout_loss"]
         results["fp8_minus_bf16"] = f - b
@@ -301,6 +309,15 @@ def run_quality(args) -> dict:
 
 
 # -------------------------------------------------------------------------------------------- main
+
+
+def _write(args, results: dict, partial: bool = False) -> None:
+    """Write the results JSON (rank 0), after every precision so that a cut-off run keeps its part."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    path = Path(args.out) / f"e2e_{args.command}_{args.preset}_w{world}{args.tag}.json"
+    path.write_text(json.dumps({**results, "partial": partial}, indent=1))
 
 
 def main() -> None:
@@ -312,7 +329,7 @@ def main() -> None:
         p.add_argument("--seq", type=int, default=4096)
         p.add_argument("--micro-batch", type=int, default=4)
         p.add_argument("--accum", type=int, default=8)
-        p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"], choices=list(PRECISIONS))
+        p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"], choices=PRECISIONS)
         p.add_argument("--scale-format", default="pow2", choices=["pow2", "fp32"])
         p.add_argument("--quantizer", default="auto", choices=["auto", "triton", "torch"])
         p.add_argument("--no-compile", dest="compile", action="store_false")
@@ -347,12 +364,8 @@ def main() -> None:
     else:
         results = run_throughput(args)
     results["info"] = info
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0:
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        name = f"e2e_{args.command}_{args.preset}_w{world}{args.tag}.json"
-        (out / name).write_text(json.dumps(results, indent=1))
-        log(f"wrote {out / name}")
+    _write(args, results)
+    log(f"wrote results under {out}")
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -37,30 +37,46 @@ def _spread(m: int, k: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
     return (torch.randn(m, k, device="cuda", generator=g) * mag * col).to(dtype)
 
 
+def _same_bytes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape, f"{name}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    bad = (a != b)
+    if bool(bad.any()):
+        idx = bad.nonzero()[:3].tolist()
+        raise AssertionError(f"{name}: {int(bad.sum())}/{bad.numel()} elements differ, first at {idx}: "
+                             f"{[a[tuple(i)].item() for i in idx]} vs {[b[tuple(i)].item() for i in idx]}")
+
+
 @needs_triton
 @pytest.mark.parametrize("m", [4096, 1000, 128])
 @pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
-def test_triton_act_quant_is_bit_exact(m, scale_format):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_act_quant_is_bit_exact(m, scale_format, dtype):
     k = 768
-    x = _spread(m, k, seed=m)
+    x = _spread(m, k, seed=m, dtype=dtype)
     pow2 = scale_format == "pow2"
     q, s, qt, st = quant_act(x, pow2, True, True)
     rq, rs = quantize_1x128(x, scale_format)
-    assert torch.equal(_u8(q), _u8(rq)) and torch.equal(s, rs)
+    _same_bytes("scale", s, rs)
+    _same_bytes("q", q, rq)
     assert s.stride() == (1, m)  # column-major, as scaled_mm wants
     m_pad = -(-m // 128) * 128
     rqt, rst = quantize_1x128(F.pad(x, (0, 0, 0, m_pad - m)).t(), scale_format)
-    assert qt.shape == (k, m_pad) and torch.equal(_u8(qt), _u8(rqt)) and torch.equal(st, rst)
+    _same_bytes("transposed scale", st, rst)
+    _same_bytes("transposed q", qt, rqt)
 
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_weight_quant_is_bit_exact(dtype):
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_triton_weight_quant_is_bit_exact(dtype, scale_format):
     w = _spread(1024, 640, seed=7, dtype=dtype)
-    q, qt, s = quant_weight(w, True, True)
-    rq, rs = quantize_128x128(w)
-    assert torch.equal(_u8(q), _u8(rq)) and torch.equal(s, rs)
-    assert torch.equal(_u8(qt), _u8(rq.t().contiguous()))
+    q, qt, s = quant_weight(w, scale_format == "pow2", True)
+    rq, rs = quantize_128x128(w, scale_format)
+    _same_bytes("scale", s, rs)
+    _same_bytes("q", q, rq)
+    _same_bytes("transposed q", qt, rq.t().contiguous())
 
 
 @needs_blockwise

@@ -117,36 +117,68 @@ def block_scale_operand(s: torch.Tensor, pad: bool) -> torch.Tensor:
     return s.contiguous().t()
 
 
-def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """``y (M, N) = x (M, K) w (N, K)^T`` on cuBLAS. ``ws`` is (N/128, K/128)."""
+_BW1x128 = getattr(getattr(F, "ScalingType", None), "BlockWise1x128", None)
+_BW128x128 = getattr(getattr(F, "ScalingType", None), "BlockWise128x128", None)
+
+
+# The cuBLAS calls are torch custom ops: torch.compile (Dynamo) cannot trace F.scaled_mm's builtin
+# (`torch._scaled_mm_v2`) and would break the graph at every linear; as custom ops with shape-only
+# fake implementations they sit in one compiled graph as opaque kernels.
+
+
+@torch.library.custom_op("purokit_fp8::mm_1x128_128x128", mutates_args=())
+def _mm_act_weight(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, pad_block_scales: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``a (M, R) @ b (N, R)^T``: ``a`` scaled per 1x128 along R, ``b`` per 128x128 block with
+    ``scale_b`` given as (N/128, R/128)."""
     return F.scaled_mm(
-        _rowmajor(xq), _rowmajor(wq).t(),
-        colmajor(xs), F.ScalingType.BlockWise1x128,
-        block_scale_operand(ws, caps.pad_block_scales), F.ScalingType.BlockWise128x128,
+        _rowmajor(a), _rowmajor(b).t(),
+        colmajor(scale_a), _BW1x128,
+        block_scale_operand(scale_b, pad_block_scales), _BW128x128,
         output_dtype=out_dtype,
     )
+
+
+@_mm_act_weight.register_fake
+def _(a, b, scale_a, scale_b, pad_block_scales, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("purokit_fp8::mm_1x128_1x128", mutates_args=())
+def _mm_act_act(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``a (N, R) @ b (K, R)^T`` with both operands scaled per 1x128 along R (Wgrad: R = tokens)."""
+    return F.scaled_mm(
+        _rowmajor(a), _rowmajor(b).t(),
+        colmajor(scale_a), _BW1x128,
+        colmajor(scale_b), _BW1x128,
+        output_dtype=out_dtype,
+    )
+
+
+@_mm_act_act.register_fake
+def _(a, b, scale_a, scale_b, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``y (M, N) = x (M, K) w (N, K)^T`` on cuBLAS. ``ws`` is (N/128, K/128)."""
+    return _mm_act_weight(xq, wq, xs, ws, caps.pad_block_scales, out_dtype)
 
 
 def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
     """``dx (M, K) = dy (M, N) w (N, K)``; ``wtq`` is the row-major (K, N) transposed copy of ``wq``
     and ``ws`` the (N/128, K/128) block scales of ``w``."""
-    return F.scaled_mm(
-        _rowmajor(dyq), _rowmajor(wtq).t(),
-        colmajor(dys), F.ScalingType.BlockWise1x128,
-        block_scale_operand(ws.t(), caps.pad_block_scales), F.ScalingType.BlockWise128x128,
-        output_dtype=out_dtype,
-    )
+    return _mm_act_weight(dyq, wtq, dys, ws.t(), caps.pad_block_scales, out_dtype)
 
 
 def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.float32) -> torch.Tensor:
     """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M."""
     want = out_dtype if (out_dtype != torch.float32 or caps.wgrad_fp32_out) else torch.bfloat16
-    dw = F.scaled_mm(
-        _rowmajor(dytq), _rowmajor(xtq).t(),
-        colmajor(dyts), F.ScalingType.BlockWise1x128,
-        colmajor(xts), F.ScalingType.BlockWise1x128,
-        output_dtype=want,
-    )
+    dw = _mm_act_act(dytq, xtq, dyts, xts, want)
     return dw if dw.dtype == out_dtype else dw.to(out_dtype)
 
 

@@ -51,10 +51,10 @@ def scales_from_amax(amax: torch.Tensor, scale_format: str = "pow2") -> tuple[to
         inv_scale = ((127 - e) << 23).view(torch.float32)
         return scale, inv_scale
     if scale_format == "fp32":
-        # true divisions (``448 / t`` would be computed as ``t.reciprocal() * 448``), so that every
-        # implementation (Triton's ieee div too) gets the same bits
-        scale = amax / E4M3_MAX
-        return scale, torch.full_like(amax, E4M3_MAX) / amax
+        # tensor/tensor true divisions: a Python-scalar operand would become a multiplication by a
+        # reciprocal on some devices; this way every implementation (Triton's ieee div too) agrees
+        e4m3_max = torch.full_like(amax, E4M3_MAX)
+        return amax / e4m3_max, e4m3_max / amax
     raise ValueError(f"unknown scale_format {scale_format!r}: expected 'pow2' or 'fp32'")
 
 

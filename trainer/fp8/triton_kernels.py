@@ -82,8 +82,9 @@ if triton is not None:
             tl.store(s_ptr + pid_k * M + rm, s_r, mask=in_rows)
         if WRITE_T:
             s_c, inv_c = _scales(tl.max(ax, axis=0), POW2)
-            qc = tl.clamp(x * inv_c[None, :], -448.0, 448.0).to(tl.float8e4nv)
-            tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], tl.trans(qc))
+            # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
+            qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
+            tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], qc)
             # st storage is (M_pad/128, K): the (K, M_pad/128) column-major operand
             tl.store(st_ptr + pid_m * K + rk, s_c)
 
@@ -99,10 +100,10 @@ if triton is not None:
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :]).to(tl.float32)
         amax = tl.max(tl.max(tl.abs(w), axis=1), axis=0)
         s, inv = _scales(amax, POW2)
-        q = tl.clamp(w * inv, -448.0, 448.0).to(tl.float8e4nv)
-        tl.store(q_ptr + rn[:, None] * K + rk[None, :], q)
+        scaled = tl.clamp(w * inv, -448.0, 448.0)
+        tl.store(q_ptr + rn[:, None] * K + rk[None, :], scaled.to(tl.float8e4nv))
         if WRITE_T:
-            tl.store(qt_ptr + rk[:, None] * N + rn[None, :], tl.trans(q))
+            tl.store(qt_ptr + rk[:, None] * N + rn[None, :], tl.trans(scaled).to(tl.float8e4nv))
         tl.store(s_ptr + pid_n * KB + pid_k, s)
 
 
