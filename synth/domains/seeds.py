@@ -245,3 +245,58 @@ class SqlTaxonomy(_Strict):
 
 def load_sql_taxonomy(path: str | os.PathLike = "sql_taxonomy.yaml") -> SqlTaxonomy:
     return _validate(SqlTaxonomy, _read(path), path, "sql_taxonomy/1")
+
+
+# ---- code concepts and MCQ -----------------------------------------------------------------
+
+class ConceptFile(_Strict):
+    schema_: str = Field(alias="schema")
+    concepts: list[str]
+
+    @model_validator(mode="after")
+    def _dedup(self) -> "ConceptFile":
+        norm = [" ".join(c.lower().split()) for c in self.concepts]
+        dup = sorted({c for c in norm if norm.count(c) > 1})
+        if dup:
+            raise ValueError(f"duplicate concepts (the taxonomy must be deduplicated): {dup}")
+        if not self.concepts:
+            raise ValueError("no concepts")
+        return self
+
+
+def load_concepts(path: str | os.PathLike = "code_concepts.yaml") -> list[str]:
+    return _validate(ConceptFile, _read(path), path, "code_concepts/1").concepts
+
+
+class McqSeed(_Strict):
+    id: str
+    source: str = ""
+    question: str
+    options: dict[str, str]
+    answer: str
+
+    @model_validator(mode="after")
+    def _letters(self) -> "McqSeed":
+        import string
+        want = list(string.ascii_uppercase[: len(self.options)])
+        if list(self.options) != want or len(self.options) < 2:
+            raise ValueError(f"seed {self.id}: options must be lettered {''.join(want) or 'A, B, ...'} in order")
+        if self.answer not in self.options:
+            raise ValueError(f"seed {self.id}: answer {self.answer!r} is not an option")
+        return self
+
+
+class McqSeedFile(_Strict):
+    schema_: str = Field(alias="schema")
+    seeds: list[McqSeed]
+
+
+def load_mcq_seeds(path: str | os.PathLike = "mcq_seeds.yaml") -> list[McqSeed]:
+    """MCQ seeds from YAML (`schema: mcq_seeds/1`) or JSONL (one seed object per line)."""
+    raw = _read(path)
+    if isinstance(raw, list):
+        raw = {"schema": "mcq_seeds/1", "seeds": raw}
+    seeds = _validate(McqSeedFile, raw, path, "mcq_seeds/1").seeds
+    if len({s.id for s in seeds}) != len(seeds):
+        raise ContractError(path, "seed ids must be unique", field="seeds")
+    return seeds
