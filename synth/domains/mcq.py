@@ -1,0 +1,162 @@
+"""MCQ with knowledge/reasoning traces (Nemotron 3 Super §2.3.6; spec §1.7, testable behaviour 7).
+
+Per seed question of a user-supplied MCQ set, the steps of `mcq.yaml`:
+
+  mcq_generate   the generator writes several look-alike questions (same format, difficulty and
+                 number of options), each its own request; parsed and checked (`mcq_validate`)
+  mcq_solve      each question is solved N >= 3 times with different seeds; the answer chosen by a
+                 strict majority of all samples wins (none -> the question emits nothing);
+                 optionally the generator's own key must agree; the traces that agree are kept
+  format_mcq     one record per kept trace: the question -> the reasoning and answer
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterator
+
+from pydantic import Field
+
+from synth.domains import mcq_validate as mv
+from synth.domains.glue import StepCfg, add_candidate, ask, build_record, render, request_seed
+from synth.domains.seeds import load_mcq_seeds
+from synth.pipeline import Row, Step, register_source, register_step
+from synth.records import Verification
+
+
+@register_source("mcq_seeds")
+def mcq_seed_source(seed: int, path: str = "mcq_seeds.yaml") -> Iterator[dict[str, Any]]:
+    for s in load_mcq_seeds(path):
+        mcq = mv.Mcq(s.question, dict(s.options), s.answer)
+        yield {"id": f"mcq-{s.id}", "prompt": mcq.render(), "seed_id": s.id, "seed_source": s.source,
+               "seed_question": s.question, "seed_rendered": mcq.render() + f"\nAnswer: {s.answer}",
+               "n_options": len(s.options), "letters": "".join(s.options), "category": "mcq"}
+
+
+GENERATE_PROMPT = """Here is a multiple-choice question with {n_options} options and its answer:
+
+{seed_rendered}
+
+Write one new multiple-choice question in the same format, on a related topic and of the same difficulty, with exactly {n_options} options ({letters}) and exactly one correct option. This is variant {variant}; do not copy the question above.
+
+Answer in exactly this form:
+Question: <the question>
+A) <option>
+B) <option>
+...
+Answer: <letter>"""
+
+SOLVE_PROMPT = """Answer this multiple-choice question. First explain the knowledge or reasoning that leads to the answer, step by step, then give the letter on the last line as "Answer: <letter>".
+
+{question}"""
+
+
+class McqGenerate(Step):
+    class Config(StepCfg):
+        teacher: str = "generator"
+        template: str = GENERATE_PROMPT
+        n: int = Field(default=3, ge=1)
+        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 300})
+
+    async def apply(self, row: Row) -> None:
+        results = await asyncio.gather(*(
+            ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, dict(row.fields, variant=i + 1))}],
+                "question", i, params=self.cfg.params) for i in range(self.cfg.n)))
+        kept = 0
+        for i, res in enumerate(results):
+            c = add_candidate(self, row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
+                              request_seed(self, row, "question", i), variant=i)
+            try:
+                mcq = mv.parse_mcq(res.content)
+                problems = mv.mcq_problems(mcq, row.fields["n_options"], row.fields["seed_question"])
+            except ValueError as e:
+                problems = [str(e)]
+            if problems:
+                self.reject(row, c, "; ".join(problems))
+            else:
+                c.parsed["mcq"] = mcq.to_dict()
+                kept += 1
+        self.count(row, len(results), kept)
+
+
+class McqSolve(Step):
+    """N solutions per question; keep the traces agreeing with a strict majority (and the key)."""
+
+    class Config(StepCfg):
+        teacher: str = "solver"
+        template: str = SOLVE_PROMPT
+        n: int = Field(default=4, ge=3)
+        require_key_agreement: bool = True
+        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 400})
+
+    async def apply(self, row: Row) -> None:
+        questions = self.alive(row, "question")
+        jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
+        results = await asyncio.gather(*(
+            ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, {
+                "question": mv.Mcq(**q.parsed["mcq"]).render()})}], "solve", q.index, j, params=self.cfg.params)
+            for q, j in jobs))
+        by_q: dict[int, list[Any]] = {}
+        for (q, j), res in zip(jobs, results):
+            mcq = mv.Mcq(**q.parsed["mcq"])
+            choice = mv.parse_choice(res.content, list(mcq.options))
+            if res.finish_reason == "length":
+                choice = None
+            c = add_candidate(self, row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
+                              request_seed(self, row, "solve", q.index, j), question=q.index, sample=j, choice=choice)
+            by_q.setdefault(q.index, []).append(c)
+        n_kept_q = 0
+        for q in questions:
+            sols = by_q.get(q.index, [])
+            majority, share = mv.strict_majority([c.parsed["choice"] for c in sols])
+            key = q.parsed["mcq"]["answer"]
+            q.parsed.update(majority=majority, vote_share=share,
+                            samples=[{"seed": c.teacher.get("seed"), "answer": c.parsed["choice"]} for c in sols])
+            why = None
+            if majority is None:
+                why = f"no strict majority over {len(sols)} solutions (best share {share:.2f})"
+            elif self.cfg.require_key_agreement and majority != key:
+                why = f"majority answer {majority} disagrees with the generated key {key}"
+            if why:
+                self.reject(row, q, why)
+                for c in sols:
+                    self.reject(row, c, "question dropped: " + why)
+                continue
+            n_kept_q += 1
+            for c in sols:
+                if c.parsed["choice"] != majority:
+                    self.reject(row, c, f"answer {c.parsed['choice']} disagrees with the majority {majority}")
+        self.count(row, len(questions), n_kept_q)
+
+
+class FormatMcq(Step):
+    class Config(StepCfg):
+        max_traces_per_question: int | None = None
+
+    async def apply(self, row: Row) -> None:
+        qs = {q.index: q for q in self.alive(row, "question")}
+        alive = [c for c in self.alive(row, "solution") if c.parsed["question"] in qs]
+        taken: dict[int, int] = {}
+        n_out = 0
+        for c in alive:
+            q = qs[c.parsed["question"]]
+            if self.cfg.max_traces_per_question is not None and taken.get(q.index, 0) >= self.cfg.max_traces_per_question:
+                continue
+            taken[q.index] = taken.get(q.index, 0) + 1
+            mcq = mv.Mcq(**q.parsed["mcq"])
+            meta = {"seed_id": row.fields["seed_id"], "seed_source": row.fields["seed_source"], "question": mcq.question,
+                    "options": mcq.options, "n_options": len(mcq.options), "key": mcq.answer,
+                    "solver_samples": q.parsed["samples"], "majority_answer": q.parsed["majority"],
+                    "vote_share": q.parsed["vote_share"], "answer": c.parsed["choice"], "variant": q.parsed["variant"],
+                    "generator_model": q.teacher.get("model")}
+            verification = Verification(method="majority_vote", verdict=True, score=q.parsed["vote_share"],
+                                        rule="strict majority" + (" = key" if mcq.answer == q.parsed["majority"] else ""))
+            msgs = [{"role": "user", "content": mcq.render()}, {"role": "assistant", "content": c.text.strip()}]
+            row.records.append(build_record(self, row, ("mcq", q.index, c.parsed["sample"]), msgs, teacher=c.teacher,
+                                            verification=verification, meta=meta, category="mcq"))
+            n_out += 1
+        self.count(row, len(alive), n_out)
+
+
+for _kind, _cls in (("mcq_generate", McqGenerate), ("mcq_solve", McqSolve), ("format_mcq", FormatMcq)):
+    register_step(_kind)(_cls)
