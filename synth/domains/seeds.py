@@ -35,7 +35,7 @@ def resolve_seed_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def _read(path: str | os.PathLike) -> Any:
+def read_seed_file(path: str | os.PathLike) -> Any:
     path = resolve_seed_path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -100,7 +100,7 @@ class ToolsetFile(_Strict):
 
 
 def load_toolsets(path: str | os.PathLike = "toolsets.yaml") -> list[Toolset]:
-    return _validate(ToolsetFile, _read(path), path, "toolsets/1").toolsets
+    return _validate(ToolsetFile, read_seed_file(path), path, "toolsets/1").toolsets
 
 
 class Persona(_Strict):
@@ -114,7 +114,7 @@ class PersonaFile(_Strict):
 
 
 def load_personas(path: str | os.PathLike = "personas.yaml") -> list[Persona]:
-    personas = _validate(PersonaFile, _read(path), path, "personas/1").personas
+    personas = _validate(PersonaFile, read_seed_file(path), path, "personas/1").personas
     if len({p.id for p in personas}) != len(personas):
         raise ContractError(path, "persona ids must be unique", field="personas")
     return personas
@@ -128,7 +128,7 @@ class TopicFile(_Strict):
 
 
 def load_topics(path: str | os.PathLike = "tool_topics.yaml") -> dict[str, list[str]]:
-    return _validate(TopicFile, _read(path), path, "tool_topics/1").topics
+    return _validate(TopicFile, read_seed_file(path), path, "tool_topics/1").topics
 
 
 class Domain(_Strict):
@@ -158,7 +158,7 @@ class DomainFile(_Strict):
 
 
 def load_domains(path: str | os.PathLike = "service_domains.yaml") -> list[Domain]:
-    return _validate(DomainFile, _read(path), path, "service_domains/1").domains
+    return _validate(DomainFile, read_seed_file(path), path, "service_domains/1").domains
 
 
 # ---- finance ------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ class CompanyFile(_Strict):
 def load_companies(path: str | os.PathLike = "companies.yaml") -> list["Company"]:
     from synth.domains.finance_validate import Company
 
-    rows = _validate(CompanyFile, _read(path), path, "companies/1").companies
+    rows = _validate(CompanyFile, read_seed_file(path), path, "companies/1").companies
     tickers = [r.ticker for r in rows]
     dup = sorted({t for t in tickers if tickers.count(t) > 1})
     if dup:
@@ -202,7 +202,7 @@ class TemplateFile(_Strict):
 def load_finance_templates(path: str | os.PathLike = "finance_templates.yaml") -> list["Template"]:
     from synth.domains.finance_validate import Template, template_problems
 
-    rows = _validate(TemplateFile, _read(path), path, "finance_templates/1").templates
+    rows = _validate(TemplateFile, read_seed_file(path), path, "finance_templates/1").templates
     out = [Template(r.id, r.text, r.kind, r.numeric, tuple(r.sections)) for r in rows]
     for i, t in enumerate(out):
         problems = template_problems(t)
@@ -244,7 +244,7 @@ class SqlTaxonomy(_Strict):
 
 
 def load_sql_taxonomy(path: str | os.PathLike = "sql_taxonomy.yaml") -> SqlTaxonomy:
-    return _validate(SqlTaxonomy, _read(path), path, "sql_taxonomy/1")
+    return _validate(SqlTaxonomy, read_seed_file(path), path, "sql_taxonomy/1")
 
 
 # ---- code concepts and MCQ -----------------------------------------------------------------
@@ -265,7 +265,7 @@ class ConceptFile(_Strict):
 
 
 def load_concepts(path: str | os.PathLike = "code_concepts.yaml") -> list[str]:
-    return _validate(ConceptFile, _read(path), path, "code_concepts/1").concepts
+    return _validate(ConceptFile, read_seed_file(path), path, "code_concepts/1").concepts
 
 
 class McqSeed(_Strict):
@@ -293,7 +293,7 @@ class McqSeedFile(_Strict):
 
 def load_mcq_seeds(path: str | os.PathLike = "mcq_seeds.yaml") -> list[McqSeed]:
     """MCQ seeds from YAML (`schema: mcq_seeds/1`) or JSONL (one seed object per line)."""
-    raw = _read(path)
+    raw = read_seed_file(path)
     if isinstance(raw, list):
         raw = {"schema": "mcq_seeds/1", "seeds": raw}
     seeds = _validate(McqSeedFile, raw, path, "mcq_seeds/1").seeds
