@@ -1,0 +1,44 @@
+"""Every domain generator's YAML loads, names only registered steps, and runs from the command
+line (`python -m synth.domains <generator> --endpoint URL --model NAME --out DIR`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from synth.domains import GENERATOR_MODULES, import_all
+
+
+@pytest.mark.parametrize("name", sorted(GENERATOR_MODULES))
+def test_generator_configs_load_and_build(name):
+    from synth.engine import RunEnv, build_steps, load_generator
+    from synth.pipeline import SOURCES
+
+    import_all()
+    cfg = load_generator(name)
+    assert cfg.generator == name and cfg.imports == [GENERATOR_MODULES[name]]
+    assert cfg.source["kind"] in SOURCES
+    steps, posts = build_steps(cfg, RunEnv(cfg, None))
+    assert steps and posts
+    roles = {s.cfg.teacher for s in steps if hasattr(s.cfg, "teacher")}
+    assert roles <= set(cfg.teachers), (roles, cfg.teachers)
+
+
+def test_cli_runs_a_domain_generator_over_http(script, teacher, tmp_path):
+    script.on("You are designing a realistic", reply="```sql\nCREATE TABLE t (id INTEGER PRIMARY KEY);\n```", name="schema")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "synth.domains", "text_to_sql", "--endpoint", teacher.base_url, "--model", "teacher",
+         "--out", str(out), "--no-progress", "source.n=2", "source.dialects=[sqlite]"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "text_to_sql: 0 records from 2 prompts" in proc.stdout
+    assert "schema" in proc.stdout and "acceptance 0.0%" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["steps"]["schema"] == {"kind": "sql_schema", "in": 2, "out": 0, "acceptance": 0.0}
+    rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in rejects] == ["schema or rows unusable: no INSERT statements with sample rows"] * 2
+    assert script.hits["schema"] == 2
