@@ -185,6 +185,12 @@ class FinanceParaphrase(Step):
         inst = fv.Instance(**{k: row.fields[k] for k in ("template_id", "kind", "tickers", "gics_sub_industry",
                                                          "fiscal_years", "question", "numeric", "sections")})
         lines = [m.group(1).strip().strip('"') for line in res.content.splitlines() if (m := _NUMBERED_RE.match(line))]
+        if not lines:
+            c = add_candidate(self, row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
+                              request_seed(self, row, "paraphrase"), paraphrase_idx=-1)
+            self.reject(row, c, "no numbered paraphrase lines in the reply")
+            self.count(row, 1, 0)
+            return
         kept: list[str] = []
         for i, text in enumerate(lines[: self.cfg.n]):
             problems = fv.paraphrase_problems(text, inst, companies, earlier=kept)
@@ -194,7 +200,7 @@ class FinanceParaphrase(Step):
                 self.reject(row, c, "; ".join(problems))
             else:
                 kept.append(text)
-        self.count(row, max(len(lines[: self.cfg.n]), 1), len(kept))
+        self.count(row, len(lines[: self.cfg.n]), len(kept))
 
 
 class FinanceAnswers(Step):

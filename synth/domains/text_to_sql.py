@@ -24,6 +24,7 @@ Each stage counts what it kept, so the run manifest shows the acceptance of ever
 from __future__ import annotations
 
 import abc
+import os
 import random
 import re
 from typing import Any, Iterator
@@ -321,12 +322,14 @@ class SqlExecute(_SqlCheck):
         min_rows: int = 1
         timeout_s: float = 5.0
         unsupported: str = "reject"          # reject | accept: a query SQLite cannot judge
-        postgres_dsn_env: str | None = None  # env var with a DSN: run PostgreSQL queries on a real server
+        # an environment variable holding a DSN: when it is set, PostgreSQL samples run on that real
+        # server; when it is not, they are transpiled to SQLite (the record's execution says which)
+        postgres_dsn_env: str | None = "SYNTH_PG_DSN"
 
     def check(self, row: Row, c: Any) -> sv.Check:
         dialect = row.fields["dialect"]
         executor = None
-        if dialect == "postgres" and self.cfg.postgres_dsn_env:
+        if dialect == "postgres" and self.cfg.postgres_dsn_env and os.environ.get(self.cfg.postgres_dsn_env):
             from synth.domains.postgres_execute import executor_from_env
             executor = executor_from_env(self.cfg.postgres_dsn_env, min_rows=self.cfg.min_rows, timeout_s=self.cfg.timeout_s)
         verdict = sv.validate_sql_sample(

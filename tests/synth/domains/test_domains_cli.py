@@ -42,3 +42,28 @@ def test_cli_runs_a_domain_generator_over_http(script, teacher, tmp_path):
     rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
     assert [r["reason"] for r in rejects] == ["schema or rows unusable: no INSERT statements with sample rows"] * 2
     assert script.hits["schema"] == 2
+
+
+def _readme_commands() -> list[str]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = text.split("### synth domain generators", 1)[1]
+    return [line.strip() for line in section.splitlines() if line.startswith("python -m synth.domains ")]
+
+
+@pytest.mark.parametrize("command", _readme_commands())
+def test_readme_commands_run(command, script, teacher, tmp_path):
+    """Each README command, as written, against a teacher that knows nothing: exit 0, a manifest,
+    and every prompt's fate accounted for."""
+    import shlex
+
+    argv = shlex.split(command.replace("$URL", teacher.base_url))
+    out = tmp_path / "out"
+    argv[argv.index("--out") + 1] = str(out)
+    proc = subprocess.run([sys.executable, *argv[1:], "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["counts"]["prompts"] > 0
+    assert manifest["counts"]["records"] == 0        # "I do not know." passes no validator
+    assert (out / "rejects.jsonl").read_text().strip() or manifest["counts"]["prompts_dropped"]

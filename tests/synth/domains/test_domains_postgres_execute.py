@@ -85,3 +85,18 @@ def test_full_validation_uses_the_server_when_configured(pg_dsn, monkeypatch):
     monkeypatch.delenv("SYNTH_TEST_PG_DSN")
     with pytest.raises(ValueError, match="not set"):
         executor_from_env("SYNTH_TEST_PG_DSN")
+
+
+def test_sql_generator_executes_postgres_samples_on_the_server(pg_dsn, monkeypatch, script, teacher, run_gen, tmp_path, jsonl):
+    monkeypatch.setenv("SYNTH_PG_DSN", pg_dsn)
+    script.on("You are designing a realistic", reply=f"```sql\n{DDL}\n```\n```sql\n{ROWS}\n```", name="schema")
+    script.on("Write one request that a user", name="task", reply=(
+        "Request: Monthly order counts, please.\n```sql\nSELECT DATE_TRUNC('month', placed_on) AS m, COUNT(*) AS n "
+        "FROM orders GROUP BY m ORDER BY m\n```"))
+    script.on('Criterion "', reply='{"score": 5}', name="critic")
+    item = {"id": "pg-1", "prompt": "pg", "dialect": "postgres", "dialect_name": "PostgreSQL", "industry": "retail",
+            "topic": "orders", "concept": "time_bucketing", "concept_description": "grouping by month",
+            "instruction_style": "imperative", "register": "direct", "politeness": "polite", "category": "text_to_sql"}
+    res = run_gen("text_to_sql", teacher.base_url, tmp_path / "run", source={"kind": "inline", "items": [item]})
+    (rec,) = jsonl(res.records_path)
+    assert rec["meta"]["execution"]["engine"] == "postgres" and rec["meta"]["execution"]["n_rows"] == 2
