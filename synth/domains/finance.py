@@ -106,9 +106,11 @@ class FinanceContext(Step):
     _loaded: dict[str, dict[str, str]] = {}
 
     async def apply(self, row: Row) -> None:
-        if self.cfg.contexts not in FinanceContext._loaded:
-            FinanceContext._loaded[self.cfg.contexts] = load_contexts(self.cfg.contexts)
-        docs = FinanceContext._loaded[self.cfg.contexts]
+        src = resolve_seed_path(self.cfg.contexts)
+        key = f"{src.resolve()}@{src.stat().st_mtime_ns if src.exists() else 0}"
+        if key not in FinanceContext._loaded:
+            FinanceContext._loaded[key] = load_contexts(src)
+        docs = FinanceContext._loaded[key]
         year = max(row.fields["fiscal_years"])
         keys = [f"{t}_{year}" for t in row.fields["tickers"]]
         missing = [k for k in keys if k not in docs]
