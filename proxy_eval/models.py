@@ -164,17 +164,18 @@ class CausalLMScorer(abc.ABC):
             cont = self.tokenizer.encode(continuation)
         return [self.prefix_token_id] + ctx, cont
 
-    def _forward_logprobs(self, rows: list[list[int]]) -> list[torch.Tensor]:
-        """Log-softmax over the vocabulary for each row (right-padded batch), float32, on CPU."""
+    def _forward_logits(self, rows: list[list[int]]) -> list[torch.Tensor]:
+        """Next-token logits (float32) for each row of a right-padded batch, cut to the row's length.
+        Callers normalize only the positions they score (a full-vocabulary log-softmax over every
+        position would cost as much as the model's last layer)."""
         width = max(len(r) for r in rows)
         pad = self.eos_token_id if self.eos_token_id is not None else 0
         batch = torch.full((len(rows), width), pad, dtype=torch.long)
         for i, r in enumerate(rows):
             batch[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         with torch.inference_mode():
-            out = self.logits(batch.to(self.device)).float()
-            logp = torch.log_softmax(out, dim=-1).cpu()
-        return [logp[i, :len(r)] for i, r in enumerate(rows)]
+            out = self.logits(batch.to(self.device)).float().cpu()
+        return [out[i, :len(r)] for i, r in enumerate(rows)]
 
     @staticmethod
     def _batched_order(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -193,10 +194,10 @@ class CausalLMScorer(abc.ABC):
             conts.append(cont[-len(whole) + 1:] if len(cont) >= len(whole) else cont)
         results: list[ContinuationScore | None] = [None] * len(rows)
         for idx in self._batched_order([len(r) for r in rows], batch_size):
-            logps = self._forward_logprobs([rows[i] for i in idx])
-            for i, lp in zip(idx, logps):
+            logits = self._forward_logits([rows[i] for i in idx])
+            for i, lg in zip(idx, logits):
                 cont = conts[i]
-                tail = lp[-len(cont):]
+                tail = torch.log_softmax(lg[-len(cont):], dim=-1)
                 target = torch.tensor(cont, dtype=torch.long)
                 tok_lp = tail.gather(1, target[:, None])[:, 0]
                 greedy = bool((tail.argmax(dim=-1) == target).all())
@@ -216,10 +217,10 @@ class CausalLMScorer(abc.ABC):
                 windows.append((t, inputs[s:s + self.max_length], toks[s:s + self.max_length]))
         nll = [0.0] * len(texts)
         for idx in self._batched_order([len(w[1]) for w in windows], batch_size):
-            logps = self._forward_logprobs([windows[i][1] for i in idx])
-            for i, lp in zip(idx, logps):
+            logits = self._forward_logits([windows[i][1] for i in idx])
+            for i, lg in zip(idx, logits):
                 t, _, targets = windows[i]
-                tok_lp = lp.gather(1, torch.tensor(targets, dtype=torch.long)[:, None])[:, 0]
+                tok_lp = lg.gather(1, torch.tensor(targets, dtype=torch.long)[:, None])[:, 0] - torch.logsumexp(lg, dim=-1)
                 nll[t] -= float(tok_lp.double().sum())
         return [TextScore(nll[t], n_tokens[t]) for t in range(len(texts))]
 
@@ -237,10 +238,10 @@ class CausalLMScorer(abc.ABC):
             for _ in range(max_new_tokens):
                 if not active:
                     break
-                logps = self._forward_logprobs([seqs[i][-self.max_length:] for i in active])
+                logits = self._forward_logits([seqs[i][-self.max_length:] for i in active])
                 still = []
-                for i, lp in zip(active, logps):
-                    tok = int(lp[-1].argmax())
+                for i, lg in zip(active, logits):
+                    tok = int(lg[-1].argmax())
                     if self.eos_token_id is not None and tok == self.eos_token_id:
                         continue
                     seqs[i].append(tok)
