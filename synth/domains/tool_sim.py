@@ -98,8 +98,11 @@ def to_prompt_messages(system: str, messages: list[dict[str, Any]], tool_result_
         if m["role"] == "assistant":
             parts = [m.get("content") or ""]
             for c in m.get("tool_calls") or []:
-                parts.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"],
-                                                           "arguments": json.loads(c["function"]["arguments"] or "{}")},
+                try:
+                    args: Any = parse_arguments(c)
+                except ValueError:            # kept as written when it is not a JSON object
+                    args = c["function"].get("arguments")
+                parts.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": args},
                                                           ensure_ascii=False) + "\n</tool_call>")
             out.append({"role": "assistant", "content": "\n".join(p for p in parts if p)})
         elif m["role"] == "tool":

@@ -254,3 +254,32 @@ def test_generated_setups_are_refined_when_their_checks_fail(script, teacher, ru
     assert res.manifest.steps["policy_tools"]["out"] == 1
     rejects = jsonl(res.out_dir / "rejects.jsonl")
     assert [rj["step"] for rj in rejects] == ["scenarios"] and "not a JSON array" in rejects[0]["reason"]
+
+
+def test_simulation_can_feed_a_bad_call_back_to_the_tool_model():
+    """With stop_on_violation off, the Tool model sees the faulty call (its rubric returns an
+    error) and the assistant may recover; the violation is still recorded."""
+    import asyncio
+
+    from synth.domains import tool_sim
+    from synth.domains.seeds import load_toolsets
+
+    tools = next(t for t in load_toolsets() if t.id == "weather").tools
+    replies = iter([call("get_forecast", city="Oslo", days="3"), call("get_forecast", city="Oslo", days=3), "Mild all week."])
+
+    async def assistant(msgs, key):
+        return next(replies)
+
+    async def tool_model(c, msgs, key):
+        args = json.loads(c["function"]["arguments"])
+        return json.dumps({"error": "days must be an integer"} if isinstance(args["days"], str) else {"days": [12, 13, 11]})
+
+    opts = tool_sim.SimOptions(stop_on_violation=False, turn_judge=False, max_steps_per_turn=4)
+    sim = asyncio.run(tool_sim.simulate(tools=tools, system="S", first_user="Forecast for Oslo?", opts=opts,
+                                        assistant=assistant, tool_model=tool_model))
+    assert sim.ok and len(sim.schema_violations) == 1 and "is not of type 'integer'" in sim.schema_violations[0]
+    assert json.loads(sim.messages[2]["content"]) == {"error": "days must be an integer"}
+    assert sim.stage_counts["tool_verifier"] == [2, 1]
+    assert tool_sim.expected_actions_met(sim.messages, [{"name": "get_forecast", "arguments": {"days": 3}}]) == []
+    assert tool_sim.expected_actions_met(sim.messages, [{"name": "get_forecast", "arguments": {"days": 5}}]) == [
+        'get_forecast({"days": 5})']
