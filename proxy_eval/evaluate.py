@@ -40,8 +40,7 @@ class TaskResult:
     def summary(self) -> dict[str, Any]:
         return {"task": self.task, "format": self.format, "group": self.group, "metric": self.metric,
                 "value": self.value, "stderr": self.stderr, "n": self.n, "higher_is_better": self.higher_is_better,
-                "metrics": {k: v.to_dict() for k, v in self.metrics.items()}, "detail": self.detail,
-                "elapsed_s": round(self.elapsed_s, 3)}
+                "metrics": {k: v.to_dict() for k, v in self.metrics.items()}, "detail": self.detail}
 
 
 def _mc(model: ScoringModel, task: LoadedTask, batch_size: int) -> TaskResult:
@@ -172,7 +171,8 @@ class SuiteResult:
                 for r in self.results]
 
     def write(self, directory: str | Path) -> None:
-        """`results.json` (summaries) and `samples/<task>.jsonl` (per-document records), atomically."""
+        """`results.json` (summaries) and `samples/<task>.jsonl` (per-document records), atomically.
+        No timings go in: the same model and suite give byte-identical files."""
         directory = Path(directory)
         for r in self.results:
             lines = "".join(json.dumps(s, sort_keys=True, ensure_ascii=False, default=str) + "\n" for s in r.samples)

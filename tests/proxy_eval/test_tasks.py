@@ -247,3 +247,15 @@ def test_loglikelihood_matches_a_manual_forward(tokenizer, tiny_qwen):
         logp = torch.log_softmax(tiny_qwen(input_ids=torch.tensor([ids])).logits[0].float(), -1)
     manual = sum(float(logp[i - 1, ids[i]]) for i in range(len(ids) - n_cont, len(ids)))
     assert score.n_tokens == n_cont and score.logprob == pytest.approx(manual, abs=1e-5)
+
+
+def test_results_files_are_byte_identical_across_runs(tmp_path, tokenizer, tiny_qwen):
+    suite = _suite(tmp_path)
+    model = HFCausalLMScorer(tiny_qwen, tokenizer, max_length=64)
+    evaluate_suite(model, suite).write(tmp_path / "a")
+    evaluate_suite(model, suite, batch_size=5).write(tmp_path / "b")
+    for rel in ("results.json", "samples/gen.jsonl", "samples/txt.jsonl"):
+        a, b = (tmp_path / "a" / rel).read_bytes(), (tmp_path / "b" / rel).read_bytes()
+        if rel == "results.json":   # the batch size is recorded; everything else must match
+            a, b = a.replace(b'"batch_size": 8', b'"batch_size": 5'), b
+        assert a == b, rel
