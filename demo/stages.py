@@ -7,6 +7,6 @@ STAGES: list[tuple[str, str]] = [
     ("synth_domains", "demo.synth_domains_stage"),
     # ("kaiyuan", ...) goes here, before "tokenizer" (which trains on its components)
     ("tokenizer", "demo.tokenizer_stage"),
-    # ("proxy", ...) goes here, between "tokenizer" and "mixtures"
+    ("proxy", "demo.proxy_stage"),
     ("mixtures", "demo.mixtures_stage"),
 ]
