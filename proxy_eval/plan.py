@@ -111,7 +111,11 @@ def resolve_score_field(component: Component, ref: ComponentRef) -> str | None:
         return None
     cols = score_columns(component.columns)
     if ref.score_field == "auto":
-        return cols[0] if len(cols) == 1 else None
+        if len(cols) > 1:
+            raise ContractError(component.directory / MANIFEST_NAME, f"has several score columns ({', '.join(cols)}); "
+                                "name the one to slice by (score_field) or null for an unscored plan",
+                                field="score_field")
+        return cols[0] if cols else None
     field = ref.score_field if ref.score_field.startswith(QUALITY_PREFIX) else QUALITY_PREFIX + ref.score_field
     component.require_column(field, "the slice plan's score field")
     return field

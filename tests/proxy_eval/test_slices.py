@@ -240,3 +240,24 @@ def test_same_inputs_and_seeds_give_byte_identical_slices(tmp_path):
                                  out=str(tmp_path / "c2")))
     # the seed only breaks ties and orders random slices: quantile slices of distinct scores stay the same
     assert [s.n_docs for s in other.slices] == [s[1] for s in digests[0][-1][1]]
+
+
+def test_auto_score_field_must_be_unambiguous(tmp_path):
+    from tests.proxy_eval.helpers import write_component
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from common.component import finalize_component
+
+    path = write_component(tmp_path, "two", ["a b c d"] * 10, scores=[0.5] * 10)
+    table = Component.open(path).read()
+    table = table.append_column(pa.field("quality.other", pa.float64()), pa.array([0.1] * 10))
+    d = tmp_path / ".b"
+    d.mkdir()
+    pq.write_table(table, d / "p.parquet")
+    finalize_component(d, tmp_path / "two2", {"job": "t", "name": "two2"})
+    with pytest.raises(ContractError, match="several score columns"):
+        make_plan(PlanConfig(components=[ComponentRef(path=str(tmp_path / "two2"))], out=str(tmp_path / "p")))
+    plan = make_plan(PlanConfig(components=[ComponentRef(path=str(tmp_path / "two2"), score_field="other")],
+                                rules=SliceRules(slice_tokens=5, quantile_min_tokens=10, random_min_tokens=1,
+                                                 percentiles=[0, 50]), out=str(tmp_path / "p")))
+    assert plan.slices[0].score_field == "quality.other"
