@@ -37,15 +37,20 @@ def _compiling() -> bool:
 
 
 def resolve_backend(recipe: Fp8Recipe, x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
-    """(backend, quantizer) actually used for this call. Pure Python on constants, so
-    ``torch.compile`` resolves it at trace time."""
+    """(backend, quantizer) actually used for this call (see :func:`_resolve`)."""
+    return _resolve(recipe.backend, recipe.quantizer, x, weight)
+
+
+def _resolve(backend_pref: str, quantizer_pref: str, x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
+    """(backend, quantizer) for this call, from plain strings, so that ``torch.compile`` resolves it
+    at trace time without touching the (pydantic) recipe object."""
     n, k = weight.shape
     aligned = k % GROUP == 0 and n % GROUP == 0
-    if recipe.backend == EMULATE or not x.is_cuda:
-        if recipe.backend == SCALED_MM:
+    if backend_pref == EMULATE or not x.is_cuda:
+        if backend_pref == SCALED_MM:
             raise RuntimeError("fp8 backend 'cuda-scaled-mm' needs CUDA tensors; use 'auto' or 'emulate'")
         return EMULATE, "torch"
-    if recipe.backend == SCALED_MM and not aligned:
+    if backend_pref == SCALED_MM and not aligned:
         raise RuntimeError(
             f"fp8 backend 'cuda-scaled-mm' needs in/out features divisible by {GROUP}, got ({k}, {n}); "
             "use backend 'auto' (falls back to the emulation for such layers) or exclude the layer"
@@ -54,14 +59,14 @@ def resolve_backend(recipe: Fp8Recipe, x: torch.Tensor, weight: torch.Tensor) ->
     if caps is None and not _compiling():
         caps = gemm.probe_scaled_mm(x.device)
     if caps is None or not caps.blockwise or not aligned:
-        if recipe.backend == SCALED_MM:
+        if backend_pref == SCALED_MM:
             reason = caps.reason if caps is not None else "not probed before torch.compile traced the layer"
             raise RuntimeError(f"fp8 backend 'cuda-scaled-mm' is not usable here: {reason}")
         if caps is not None and not caps.blockwise and not _compiling():
             _warn_once(f"fp8: F.scaled_mm blockwise unusable on {x.device} ({caps.reason}); "
                        "falling back to the (slow) emulation")
         return EMULATE, "torch"
-    quantizer = recipe.quantizer
+    quantizer = quantizer_pref
     if quantizer == "auto":
         quantizer = "torch" if (_compiling() or not triton_available()) else "triton"
     return SCALED_MM, quantizer
@@ -184,19 +189,23 @@ def fp8_linear(
     recipe: Fp8Recipe | None = None,
 ) -> torch.Tensor:
     """``F.linear`` with Fprop, Dgrad and Wgrad in blockwise FP8 (Puro §3.2)."""
-    recipe = recipe or Fp8Recipe()
-    backend, quantizer = resolve_backend(recipe, x, weight)
+    r = recipe if recipe is not None else Fp8Recipe()
+    return _fp8_linear(x, weight, bias, r.scale_format, r.backend, r.quantizer)
+
+
+def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer_pref: str) -> torch.Tensor:
+    backend, quantizer = _resolve(backend_pref, quantizer_pref, x, weight)
     out_dtype = _output_dtype(x)
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         # inference: no transposed copies, nothing saved
         x2 = x.reshape(-1, x.shape[-1])
-        (xq, xs), _ = _quant_act(x2, recipe.scale_format, quantizer, backend, rows=True, transposed=False)
-        wq, ws, _ = _quant_weight(weight, recipe.scale_format, quantizer, backend, transposed=False)
+        (xq, xs), _ = _quant_act(x2, scale_format, quantizer, backend, rows=True, transposed=False)
+        wq, ws, _ = _quant_weight(weight, scale_format, quantizer, backend, transposed=False)
         y = _fprop(xq, xs, wq, ws, backend, x, out_dtype)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
-    return _Fp8LinearFn.apply(x, weight, bias, recipe.scale_format, backend, quantizer, out_dtype)
+    return _Fp8LinearFn.apply(x, weight, bias, scale_format, backend, quantizer, out_dtype)
 
 
 class Fp8Linear(nn.Linear):
@@ -205,7 +214,14 @@ class Fp8Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  recipe: Fp8Recipe | None = None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.recipe = recipe or Fp8Recipe()
+        self.set_recipe(recipe)
+
+    def set_recipe(self, recipe: Fp8Recipe | None) -> None:
+        self.recipe = recipe if recipe is not None else Fp8Recipe()
+        # plain strings for the traced forward
+        self.scale_format = self.recipe.scale_format
+        self.backend_pref = self.recipe.backend
+        self.quantizer_pref = self.recipe.quantizer
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: Fp8Recipe | None = None) -> Fp8Linear:
@@ -215,13 +231,12 @@ class Fp8Linear(nn.Linear):
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight = linear.weight
         new.bias = linear.bias
-        new.recipe = recipe or Fp8Recipe()
+        new.set_recipe(recipe)
         new.train(linear.training)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.bias, self.recipe)
+        return _fp8_linear(x, self.weight, self.bias, self.scale_format, self.backend_pref, self.quantizer_pref)
 
     def extra_repr(self) -> str:
-        r = self.recipe
-        return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={r.scale_format}, backend={r.backend}"
+        return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}"

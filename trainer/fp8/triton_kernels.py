@@ -57,8 +57,9 @@ if triton is not None:
             scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
             inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
         else:
-            scale = tl.fdiv(amax, 448.0 + tl.zeros_like(amax), ieee_rounding=True)
-            inv = tl.fdiv(448.0 + tl.zeros_like(amax), amax, ieee_rounding=True)
+            e4m3_max = 448.0 + tl.zeros_like(amax)
+            scale = tl.math.div_rn(amax, e4m3_max)  # correctly rounded, as torch's tensor division
+            inv = tl.math.div_rn(e4m3_max, amax)
         return scale, inv
 
     @triton.jit
@@ -100,10 +101,14 @@ if triton is not None:
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :]).to(tl.float32)
         amax = tl.max(tl.max(tl.abs(w), axis=1), axis=0)
         s, inv = _scales(amax, POW2)
-        scaled = tl.clamp(w * inv, -448.0, 448.0)
-        tl.store(q_ptr + rn[:, None] * K + rk[None, :], scaled.to(tl.float8e4nv))
+        q = tl.clamp(w * inv, -448.0, 448.0).to(tl.float8e4nv)
+        tl.store(q_ptr + rn[:, None] * K + rk[None, :], q)
         if WRITE_T:
-            tl.store(qt_ptr + rk[:, None] * N + rn[None, :], tl.trans(scaled).to(tl.float8e4nv))
+            # the transposed copy re-reads the block with transposed indexing (an L2 hit) instead of
+            # tl.trans: with float32 inputs, tl.trans here produced a wrong transpose on Triton 3.6
+            wt = tl.load(w_ptr + rn[None, :] * K + rk[:, None]).to(tl.float32)
+            qt = tl.clamp(wt * inv, -448.0, 448.0).to(tl.float8e4nv)
+            tl.store(qt_ptr + rk[:, None] * N + rn[None, :], qt)
         tl.store(s_ptr + pid_n * KB + pid_k, s)
 
 
