@@ -55,7 +55,8 @@ QWEN3_VOCAB = 151_936
 # untied from the LM head, as Puro does (§2.1); `50m` and `150m` are named by their non-embedding
 # parameters. `tiny` is for tests and the CPU demo. `vocab_size` is overridden by the shard set.
 PRESETS: dict[str, dict] = {
-    "tiny": dict(vocab_size=QWEN3_VOCAB, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+    # head_dim 32: the smallest vLLM's CPU attention serves (it supports 32, 64, 80, ... 512)
+    "tiny": dict(vocab_size=QWEN3_VOCAB, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=32,
                  d_ff=192, max_seq_len=1024),
     "50m": dict(vocab_size=QWEN3_VOCAB, d_model=512, n_layers=12, n_heads=8, n_kv_heads=4, head_dim=64,
                 d_ff=2048),

@@ -3,6 +3,9 @@ package's writer from a learnable synthetic language, a tiny trained tokenizer, 
 
 from __future__ import annotations
 
+import codecs
+import this
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,7 @@ from trainer.data import EOS_SYNTHETIC, SyntheticStream
 
 VOCAB = 256
 SEQ_LEN = 32
+ZEN = codecs.decode(this.s, "rot13")
 
 
 def synthetic_docs(first: int, n_sequences: int, seq_len: int = 63) -> list[list[int]]:
@@ -64,7 +68,7 @@ def run_config(run_dir, shard_sets, **over) -> dict:
     cfg = {
         "run_dir": str(run_dir),
         "seed": 0,
-        "model": {"preset": "tiny", "overrides": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+        "model": {"preset": "tiny", "overrides": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32,
                                                   "d_ff": 64}},
         "data": {"train": shard_sets["train"], "eval": shard_sets["heldout"]},
         "train": {"steps": 8, "global_batch": 4, "micro_batch": 2},
@@ -80,3 +84,31 @@ def run_config(run_dir, shard_sets, **over) -> dict:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return cfg
+
+
+@pytest.fixture(scope="session")
+def bpe(tmp_path_factory):
+    """A tiny byte-level BPE trained by mixtures, and a shard set tokenized with it."""
+    from mixtures import write_token_lists
+    from mixtures.tokenizers import train_bpe
+
+    root = tmp_path_factory.mktemp("bpe")
+    texts = [line for line in ZEN.splitlines() if line] * 3
+    tok = train_bpe(texts, 320, root / "tokenizer")
+    docs = tok.encode_batch([f"{t} ({i})" for i, t in enumerate(texts * 4)])
+    write_token_lists(root / "train", docs, seq_len=32, tokenizer=tok.identity)
+    write_token_lists(root / "heldout", docs[:20], seq_len=32, tokenizer=tok.identity)
+    return {"tokenizer": root / "tokenizer", "train": str(root / "train"), "heldout": str(root / "heldout"), "tok": tok}
+
+
+@pytest.fixture(scope="session")
+def trained_run(bpe, tmp_path_factory):
+    """A 4-step tiny run on the BPE shard set (its tokenizer recorded as data.tokenizer)."""
+    from trainer.config import load_run_config
+    from trainer.train import train
+
+    run_dir = tmp_path_factory.mktemp("run")
+    cfg = run_config(run_dir, {"train": bpe["train"], "heldout": bpe["heldout"]},
+                     **{"data.tokenizer": str(bpe["tokenizer"] / "tokenizer.json"), "train.steps": 4})
+    train(load_run_config(None, data=cfg))
+    return run_dir

@@ -1,9 +1,7 @@
 """Export to a Hugging Face Qwen3ForCausalLM directory: transformers loads it and reproduces the
 trainer's logits in fp32 within 1e-4; config, tensor names and tokenizer files are right."""
 
-import codecs
 import json
-import this
 
 import pytest
 import torch
@@ -11,38 +9,10 @@ import torch
 from common.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.__main__ import main as trainer_main
-from trainer.config import load_run_config
 from trainer.export import export_hf, hf_tensor_shapes
 from trainer.model import ModelConfig, Transformer
-from trainer.train import train
 
-from .conftest import run_config
-
-ZEN = codecs.decode(this.s, "rot13")
-
-
-@pytest.fixture(scope="module")
-def bpe(tmp_path_factory):
-    """A tiny byte-level BPE trained by mixtures, and a shard set tokenized with it."""
-    from mixtures import write_token_lists
-    from mixtures.tokenizers import train_bpe
-
-    root = tmp_path_factory.mktemp("bpe")
-    texts = [line for line in ZEN.splitlines() if line] * 3
-    tok = train_bpe(texts, 320, root / "tokenizer")
-    docs = tok.encode_batch([f"{t} ({i})" for i, t in enumerate(texts * 4)])
-    write_token_lists(root / "train", docs, seq_len=32, tokenizer=tok.identity)
-    write_token_lists(root / "heldout", docs[:20], seq_len=32, tokenizer=tok.identity)
-    return {"tokenizer": root / "tokenizer", "train": str(root / "train"), "heldout": str(root / "heldout"), "tok": tok}
-
-
-@pytest.fixture(scope="module")
-def trained_run(bpe, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run")
-    cfg = run_config(run_dir, {"train": bpe["train"], "heldout": bpe["heldout"]},
-                     **{"data.tokenizer": str(bpe["tokenizer"] / "tokenizer.json"), "train.steps": 4})
-    train(load_run_config(None, data=cfg))
-    return run_dir
+from .conftest import ZEN
 
 
 def test_hf_roundtrip_logits_match_in_fp32(trained_run, bpe, tmp_path):
