@@ -183,13 +183,20 @@ def write_yaml(path: Path, data: dict[str, Any]) -> None:
     atomic.write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
 
-def component_tokens(path: Path, tokenizer: Any) -> int:
+def component_tokens(path: Path, tokenizer: Any, sample_docs: int = 200) -> int:
+    """Tokens of a component: its `n_tokens` column, else an estimate from a seeded sample of
+    documents (tokens per byte) times its bytes. Only the rule thresholds use it; the plan counts
+    exactly, and slices are sized exactly."""
     comp = Component.open(path)
     if "n_tokens" in comp.columns:
         return int(sum(x or 0 for x in comp.read(columns=["n_tokens"]).column("n_tokens").to_pylist()))
-    from proxy_eval.plan import count_tokens
-
-    return int(count_tokens(comp, tokenizer).sum())
+    texts = [t or "" for t in comp.read(columns=["text"]).column("text").to_pylist()]
+    n_bytes = [len(t.encode("utf-8")) for t in texts]
+    rng = np.random.default_rng(0)
+    pick = rng.choice(len(texts), size=min(sample_docs, len(texts)), replace=False)
+    s_bytes = sum(n_bytes[i] for i in pick)
+    s_tokens = sum(len(x) for x in tokenizer.encode_batch([texts[i] for i in pick]))
+    return int(round(sum(n_bytes) * s_tokens / max(1, s_bytes)))
 
 
 # ---- the stage ---------------------------------------------------------------------------------
