@@ -9,6 +9,12 @@ side by side in the same run:
   client+cache  CachedBackend over it (SQLite cache writes, content hashing), as the engine uses it
   httpx         httpx.AsyncClient with a semaphore (why aiohttp was chosen)
 
+Wall-clock rates depend on what else runs on the machine (other engineers' jobs share these 2
+cores), so the CPU time each side spends per request is measured too (client: process_time of
+this process; server: utime+stime of its process from /proc): `projected_2core_rps` =
+min(1/client, 1/server, 2/(client + server)) CPU seconds per request is the rate the pair
+sustains on 2 cores of its own (each side is one single-threaded process).
+
     .venv/bin/python benchmarks/synth_client.py [--requests 20000] [--concurrency 256]
 """
 
@@ -32,6 +38,24 @@ sys.path.insert(0, str(REPO))
 from synth.backends import CachedBackend, HttpBackend  # noqa: E402
 from synth.cache import ResponseCache  # noqa: E402
 from synth.client import ChatClient, ChatRequest, TeacherConfig  # noqa: E402
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(fn, pid: int, n: int) -> dict[str, float]:
+    c0, s0, t0 = time.process_time(), proc_cpu_s(pid), time.perf_counter()
+    rps = fn()
+    c1, s1 = time.process_time(), proc_cpu_s(pid)
+    # the warm-up requests are inside the CPU window: count them (n includes them)
+    client_us, server_us = (c1 - c0) / n * 1e6, (s1 - s0) / n * 1e6
+    return {"wall_rps": round(rps, 1), "client_cpu_us_per_req": round(client_us, 1),
+            "server_cpu_us_per_req": round(server_us, 1),
+            # each side is one single-threaded process: bounded by its own core and by the pair's two
+            "projected_2core_rps": round(min(1e6 / client_us, 1e6 / server_us, 2e6 / (client_us + server_us)), 1)
+            if client_us > 0 and server_us > 0 else 0.0}
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
@@ -108,22 +132,23 @@ def main() -> int:
     proc, url = start_server()
     load_before = os.getloadavg()
     try:
-        res = {
-            "raw_aiohttp_rps": asyncio.run(bench_raw_aiohttp(url, args.requests, args.concurrency)),
-            "client_rps": asyncio.run(bench_client(url, args.requests, args.concurrency, cached=False)),
-            "client_cache_rps": asyncio.run(bench_client(url, args.requests, args.concurrency, cached=True)),
-            "httpx_rps": asyncio.run(bench_httpx(url, args.httpx_requests, args.concurrency)),
+        n, c, pid = args.requests, args.concurrency, proc.pid
+        res: dict[str, object] = {
+            "raw_aiohttp": measured(lambda: asyncio.run(bench_raw_aiohttp(url, n, c)), pid, n),
+            "client": measured(lambda: asyncio.run(bench_client(url, n, c, cached=False)), pid, n),
+            "client_cache": measured(lambda: asyncio.run(bench_client(url, n, c, cached=True)), pid, n),
+            "httpx": measured(lambda: asyncio.run(bench_httpx(url, args.httpx_requests, c)), pid, args.httpx_requests),
         }
     finally:
         proc.terminate()
         proc.wait(10)
     res.update(requests=args.requests, concurrency=args.concurrency, cores=os.cpu_count(),
                loadavg_1m_before=round(load_before[0], 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
-    res["client_vs_raw"] = res["client_rps"] / res["raw_aiohttp_rps"]
+    res["client_vs_raw_wall"] = round(res["client"]["wall_rps"] / res["raw_aiohttp"]["wall_rps"], 3)  # type: ignore[index]
     out = REPO / "benchmarks" / "_work"
     out.mkdir(parents=True, exist_ok=True)
     (out / "synth_client.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res.items()}, indent=2))
+    print(json.dumps(res, indent=2))
     return 0
 
 

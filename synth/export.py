@@ -94,8 +94,14 @@ def export_records(records: list[SynthRecord], out_dir: str | os.PathLike,
     if "datasets" in formats:
         import datasets
         dd = datasets.DatasetDict({split: datasets.Dataset(to_arrow(recs)) for split, recs in sorted(splits.items())})
-        with atomic.atomic_path(out / "dataset") as tmp:
-            dd.save_to_disk(str(tmp))
+        was_enabled = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()             # one line per step in callers' logs, not a bar per split
+        try:
+            with atomic.atomic_path(out / "dataset") as tmp:
+                dd.save_to_disk(str(tmp))
+        finally:
+            if was_enabled:
+                datasets.enable_progress_bars()
         files["dataset"] = {"splits": {s: len(r) for s, r in sorted(splits.items())}}
     manifest = {"schema": EXPORT_SCHEMA, "record_schema": RECORD_SCHEMA, "formats": formats,
                 "splits": {s: len(r) for s, r in sorted(splits.items())}, "files": files}
