@@ -47,7 +47,8 @@ def _fmean(values: Iterable[float]) -> float:
 @dataclass
 class Profile:
     """`long`: one row per (slice, task); `scores`: slice × task (oriented scores); `groups`:
-    slice × group; `average`: per slice; `ranks`: slice × (overall, groups...), 1 = best."""
+    slice × group; `average`: per slice; `ranks`: slice × (overall, groups...), 1 = best, empty
+    for reference rows (the base model)."""
 
     long: pd.DataFrame
     scores: pd.DataFrame
@@ -62,7 +63,7 @@ class Profile:
             out[f"group:{g}"] = self.groups[g]
         out["average"] = self.average
         out["rank"] = self.ranks["overall"]
-        return out.sort_values(["rank"], kind="stable")
+        return out.sort_values(["rank"], kind="stable", na_position="first")
 
     def write(self, directory: str | Path) -> dict[str, str]:
         """profile.parquet (long), profile.csv (wide), groups.csv, ranks.csv, atomically."""
@@ -87,7 +88,8 @@ class Profile:
         for s in self.wide().index:
             vals = [self.groups.loc[s, c] for c in cols] + [self.average[s]]
             lines.append(f"{s:<{name_w}}  " + "  ".join(f"{v:>{max_width}.3f}" for v in vals)
-                         + f"  {int(self.ranks.loc[s, 'overall']):>4}")
+                         + (f"  {int(self.ranks.loc[s, 'overall']):>4}" if pd.notna(self.ranks.loc[s, "overall"])
+                            else "   ref"))
         return lines
 
 
@@ -96,8 +98,13 @@ def rank_desc(values: pd.Series) -> pd.Series:
     return values.rank(ascending=False, method="min", na_option="bottom").astype(int)
 
 
-def build_profile(rows: list[dict[str, Any]], task_groups: dict[str, str] | None = None) -> Profile:
-    """Rows: {slice, task, group, format, metric, value, stderr, n, higher_is_better}."""
+REFERENCE_ROWS = frozenset({"base"})
+
+
+def build_profile(rows: list[dict[str, Any]], task_groups: dict[str, str] | None = None,
+                  reference: frozenset[str] | set[str] = REFERENCE_ROWS) -> Profile:
+    """Rows: {slice, task, group, format, metric, value, stderr, n, higher_is_better}. Rows named in
+    `reference` (the base model a proxy run continues) are shown but not ranked."""
     if not rows:
         raise ValueError("no results to build a profile from")
     recs = []
@@ -126,9 +133,11 @@ def build_profile(rows: list[dict[str, Any]], task_groups: dict[str, str] | None
         for g in group_names:
             groups.loc[s, g] = _fmean(scores.loc[s, t] for t in scores.columns if groups_of[t] == g)
     average = pd.Series({s: _fmean(scores.loc[s, t] for t in scores.columns) for s in scores.index}, name="average")
-    ranks = pd.DataFrame({"overall": rank_desc(average)}, index=scores.index)
+    ranked = [r for r in scores.index if r not in reference]
+    ranks = pd.DataFrame({"overall": rank_desc(average[ranked])}, index=scores.index)
     for g in group_names:
-        ranks[g] = rank_desc(groups[g])
+        ranks[g] = rank_desc(groups.loc[ranked, g])
+    ranks = ranks.astype("Int64")
     return Profile(long, scores, groups, average, ranks, groups_of)
 
 
