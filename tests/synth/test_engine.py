@@ -310,3 +310,21 @@ def test_judge_admits_and_rejects_and_records_its_rule(fake_server, tmp_path):
     assert recs and all(r.messages[-1].content == "PARIS" for r in recs)
     assert all(r.verification.method == "judge" and r.verification.rule == "judge:fake-teacher" for r in recs)
     assert res.manifest.steps["verify"]["in"] == 6 and res.manifest.steps["verify"]["out"] == len(recs) < 6
+
+
+def test_off_mode_teacher_is_routed_by_category(fake_server, tmp_path):
+    """LN testable 3: general-domain prompts go to the general teacher, others to the default."""
+    general, other = fake_server(model="general-70b"), fake_server(model="instruct-70b")
+    items = [{"id": "g", "prompt": "Write a haiku about rain.", "category": "general"},
+             {"id": "m", "prompt": "What is 2 + 2?", "category": "math"}]
+    cfg = {"generator": "routed", "source": {"kind": "inline", "items": items},
+           "teachers": {"general": fast_teacher([general.base_url], model="general-70b"),
+                        "instruct": fast_teacher([other.base_url], model="instruct-70b")},
+           "steps": [{"kind": "generate", "field": "d", "mode": "off", "n": 1,
+                      "teacher": {"general": "general", "default": "instruct"}},
+                     {"kind": "format_sft", "field": "d"}]}
+    res = run(gen(cfg), tmp_path / "r", progress=False)
+    by_prompt = {r.prompt_id: r.teacher for r in read_records(res.records_path)}
+    assert by_prompt["g"].model == "general-70b" and by_prompt["g"].role == "general"
+    assert by_prompt["m"].model == "instruct-70b" and by_prompt["m"].role == "instruct"
+    assert general.stats.n_requests == 1 and other.stats.n_requests == 1
