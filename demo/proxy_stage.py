@@ -175,6 +175,11 @@ def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, 
     return SuiteConfig(name="demo-proxy", tasks=tasks, batch_size=8), ids_file
 
 
+def _score_field(path: Path) -> str:
+    """The score to slice by: the component's `quality.*` column (the first, by name, if several)."""
+    return sorted(score_columns(Component.open(path).columns))[0]
+
+
 def write_yaml(path: Path, data: dict[str, Any]) -> None:
     import yaml
 
@@ -241,7 +246,9 @@ def run(ctx) -> dict[str, Any]:
     # the paper; here 1/8 of it), any other source at least one slice big gets a random slice
     rules = SliceRules(slice_tokens=slice_tokens, quantile_min_tokens=total // 2, random_min_tokens=slice_tokens,
                        seed=seed)
-    refs = [ComponentRef(path=str(p), score_field="auto" if n in scored else None) for n, p in sorted(components.items())]
+    # quantile slices for the largest scored source only (keeps the demo to 4 + one per other source)
+    refs = [ComponentRef(path=str(p), score_field=_score_field(p) if n == main_source else None)
+            for n, p in sorted(components.items())]
     ctx.step(f"slice plan: quantile slices of '{main_source}' ({total:,} tokens), {slice_tokens:,} tokens per slice")
     plan_cfg = PlanConfig(components=refs, rules=rules, out=str(out / "plan"), exclude_ids=str(held_ids),
                           count_tokens_with=tok_spec)
