@@ -132,6 +132,14 @@ def test_valid_queries_parse_and_execute_in_their_dialect(dialect, query):
     assert result.n_rows >= 1 and result.columns
 
 
+def test_keyword_aliases_follow_each_engine():
+    # PostgreSQL takes any keyword as a column label after AS; END is not reserved in MySQL or SQLite
+    assert check_query_syntax("SELECT COUNT(*) AS from FROM orders", "postgres").ok
+    assert check_query_syntax("SELECT COUNT(*) AS end FROM orders", "mysql").ok
+    assert not check_query_syntax("SELECT COUNT(*) AS from FROM orders", "mysql").ok
+    assert not check_query_syntax("SELECT o.total FROM orders left", "sqlite").ok
+
+
 @pytest.mark.parametrize("dialect,query,why", [(d, q, w) for d, qs in INVALID.items() for q, w in qs])
 def test_invalid_queries_are_rejected_with_a_reason(dialect, query, why):
     check = check_query_syntax(query, dialect)
