@@ -23,15 +23,36 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(value)
 
 
+def _child(node: Any, key: str, item: str, create: bool) -> Any:
+    if isinstance(node, list):
+        try:
+            return node[int(key)]
+        except (ValueError, IndexError):
+            raise ValueError(f"override {item!r}: '{key}' is not an index of a list of {len(node)}") from None
+    if not isinstance(node, dict):
+        raise ValueError(f"override {item!r}: cannot descend into '{key}' (not a mapping or list)")
+    if create:
+        return node.setdefault(key, {})
+    return node[key]
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=v` overrides in place; integer keys index lists (`steps.3.n=8`)."""
     for item in overrides:
         keys, value = parse_override(item)
-        node = data
+        node: Any = data
         for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {item!r}: '{k}' is not a mapping")
-        node[keys[-1]] = value
+            node = _child(node, k, item, create=True)
+        last = keys[-1]
+        if isinstance(node, list):
+            try:
+                node[int(last)] = value
+            except (ValueError, IndexError):
+                raise ValueError(f"override {item!r}: '{last}' is not an index of a list of {len(node)}") from None
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ValueError(f"override {item!r}: cannot set '{last}' (not a mapping or list)")
     return data
 
 

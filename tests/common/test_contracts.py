@@ -137,3 +137,13 @@ def test_load_config_overrides_and_errors(tmp_path):
     assert cfg.sub.n == 5 and cfg.name == "x"
     with pytest.raises(ContractError, match="sub.n"):
         load_config(Cfg, p, ["sub.n=notanint"])
+
+
+def test_overrides_index_lists():
+    from common.config import apply_overrides
+
+    data = {"steps": [{"kind": "a", "n": 1}, {"kind": "b", "n": 2}]}
+    apply_overrides(data, ["steps.1.n=8", "new.key=[1, 2]"])
+    assert data["steps"][1]["n"] == 8 and data["new"]["key"] == [1, 2]
+    with pytest.raises(ValueError, match="not an index"):
+        apply_overrides(data, ["steps.5.n=1"])
