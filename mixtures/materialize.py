@@ -118,13 +118,13 @@ class TokenSpill:
     def done(self) -> Path:
         return self.directory / "done.json"
 
-    def columns(self, name: str) -> ComponentColumns:
+    def columns(self, name: str, source: str = "") -> ComponentColumns:
         t = pq.read_table(self.directory / "docs.parquet")
         score = t.column("score").to_numpy(zero_copy_only=False).astype(np.float64) if "score" in t.column_names else None
         dup = (t.column("dup_count").fill_null(1).to_numpy(zero_copy_only=False).astype(np.int64)
                if "dup_count" in t.column_names else None)
         return ComponentColumns(name=name, ids=np.array(t.column("id").to_pylist(), dtype=object),
-                                n_tokens=t.column("n_tokens").to_numpy(), scores=score, dup_count=dup)
+                                n_tokens=t.column("n_tokens").to_numpy(), scores=score, dup_count=dup, source=source)
 
     def reader(self, n_tokens: np.ndarray) -> "SpillReader":
         return SpillReader(self.directory / "tokens.bin", n_tokens, self.dtype)
@@ -386,7 +386,7 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     for c in spec.components:
         spills[c.name], records[c.name] = tokenize_component(opened[c.name], c.score_field, tokenizer,
                                                              work / c.name, progress)
-    comps = {c.name: spills[c.name].columns(c.name) for c in spec.components}
+    comps = {c.name: spills[c.name].columns(c.name, opened[c.name].name) for c in spec.components}
     planned = plan_all(spec, comps)
     readers = {i: spills[c.name].reader(comps[c.name].n_tokens) for i, c in enumerate(spec.components)}
     ids = {i: comps[c.name].ids for i, c in enumerate(spec.components)}

@@ -40,8 +40,10 @@ class ComponentColumns:
     n_tokens: np.ndarray                # int64 stream tokens (text + EOS)
     scores: np.ndarray | None = None    # float64, NaN = missing
     dup_count: np.ndarray | None = None
+    source: str = ""                    # the component manifest's name; aliases of one source share it
 
     def __post_init__(self) -> None:
+        self.source = self.source or self.name
         self.ids = np.asarray(self.ids, dtype=object)
         self.n_tokens = np.asarray(self.n_tokens, dtype=np.int64)
         self.uids = np.array([f"{self.name}\x1f{i}" for i in self.ids], dtype=object)
@@ -100,13 +102,31 @@ class StreamPlan:
 
 # ---- 1. held-out set ----------------------------------------------------------------------------
 
+def holdout_key_ids(source: str, ids: np.ndarray) -> list[str]:
+    """What the held-out key hashes: the source (component manifest name) and the doc id, so two
+    spec components reading the same source (aliases with different retention) hold out the
+    same documents."""
+    return [f"{source}\x1f{i}" for i in ids]
+
+
+def eval_components(spec: MixtureSpec, sources: dict[str, str]) -> list[str]:
+    """Components whose held-out documents form the eval set: the first of each source."""
+    seen: set[str] = set()
+    out = []
+    for c in spec.components:
+        if sources[c.name] not in seen:
+            seen.add(sources[c.name])
+            out.append(c.name)
+    return out
+
+
 def holdout_masks(spec: MixtureSpec, comps: dict[str, ComponentColumns]) -> dict[str, np.ndarray]:
     out = {}
     for name, cols in comps.items():
         if spec.holdout is None:
             out[name] = np.zeros(len(cols), dtype=bool)
         else:
-            keys = cm.doc_keys(cols.uids, spec.seeds.holdout, salt="holdout")
+            keys = cm.doc_keys(holdout_key_ids(cols.source, cols.ids), spec.seeds.holdout, salt="holdout")
             out[name] = cm.holdout_mask(keys, spec.holdout.fraction)
     return out
 
@@ -318,8 +338,11 @@ def _parts(segment: np.ndarray, n_tokens: np.ndarray, shard_tokens: int) -> np.n
 def plan_eval(spec: MixtureSpec, comps: dict[str, ComponentColumns], held: dict[str, np.ndarray]) -> StreamPlan:
     """The held-out documents of every component, in one seeded order, capped at max_tokens."""
     comp_index = {c.name: i for i, c in enumerate(spec.components)}
+    first = set(eval_components(spec, {n: c.source for n, c in comps.items()}))
     cs, rs = [], []
     for name, mask in held.items():
+        if name not in first:
+            continue
         rows = np.flatnonzero(mask)
         cs.append(np.full(rows.size, comp_index[name], dtype=np.int64))
         rs.append(rows)

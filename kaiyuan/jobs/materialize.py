@@ -50,6 +50,7 @@ from common.manifest import MANIFEST_NAME, find_complete, fingerprints
 from mixtures import curriculum as cm
 from mixtures.materialize import (JOB, assemble_manifest, component_uses_from, seeds_of, set_config, set_names,
                                   write_run_record, write_shard_file)
+from mixtures.plan import eval_components, holdout_key_ids
 from mixtures.shards import ShardFile, ShardManifest, composition_from_sums, token_dtype
 from mixtures.spec import MixtureSpec, MixtureSpecError, check_components, load_spec
 from mixtures.tokenizers import Tokenizer, load_tokenizer
@@ -281,11 +282,18 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
     id_sets = spark.sparkContext.broadcast({c.name: c.retention.id_set() for c in spec.components
                                             if c.retention.rule == "ids"})
 
+    sources = {c.name: opened[c.name].name for c in spec.components}
+
     def annotate(pdf):
         uids = pdf["uid"].to_numpy(dtype=object)
         score = pdf["score"].to_numpy(dtype=np.float64)
-        held = (cm.holdout_mask(cm.doc_keys(uids, seeds.holdout, salt="holdout"), spec.holdout.fraction)
-                if spec.holdout else np.zeros(len(pdf), dtype=bool))
+
+        def held_of(c, m):
+            ids = pdf["id"].to_numpy(object)[m]
+            return cm.holdout_mask(cm.doc_keys(holdout_key_ids(sources[c.name], ids), seeds.holdout, salt="holdout"),
+                                   spec.holdout.fraction)
+
+        held = (_per_component(pdf, spec, held_of, bool) if spec.holdout else np.zeros(len(pdf), dtype=bool))
 
         def key(c, m):
             return cm.preference_key(score[m] if c.score_field else None, c.higher_is_better, n=int(m.sum()))
@@ -355,7 +363,8 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
     for set_name, phase, order in todo:
         ts = time.perf_counter()
         if phase is None:
-            plan, extra = _eval_plan(spark, spec, meta), {}
+            firsts = [names.index(n) for n in eval_components(spec, sources)]
+            plan, extra = _eval_plan(spark, spec, meta.filter(F.col("comp").isin(firsts))), {}
             pool_k, buckets = None, None
         else:
             idx = [p.name for p in spec.phases].index(phase)

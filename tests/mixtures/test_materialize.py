@@ -307,3 +307,20 @@ def test_load_spec_resolves_relative_paths_and_overrides(components, tokenizer_j
     assert spec.bucket_count == 3 and spec.seeds.uniform == 11
     assert spec.components[0].path == str((tmp_path / "comps" / "web").resolve())
     assert json.loads(json.dumps(spec.to_yaml_dict()))["schema"] == "mixture/1"
+
+
+def test_aliases_of_one_source_share_the_held_out_set(components, tokenizer_json, tmp_path):
+    """Per-phase retention by declaring a source twice: phase 1 all of it, phase 2 its top half;
+    held-out documents are the same for both names and never trained on."""
+    d = spec_dict(components, tokenizer_json, holdout={"fraction": 0.1})
+    d["components"] = [{"name": "web", "path": str(components["web"]), "score_field": "edu"},
+                       {"name": "web_top", "path": str(components["web"]), "score_field": "edu",
+                        "retention": {"rule": "top_fraction", "fraction": 0.5}}]
+    d["phases"] = [{"name": "p1", "components": {"web": {}}},
+                   {"name": "p2", "components": {"web_top": {}}}]
+    materialize(parse_spec(d), tmp_path / "o", progress=lambda m: None)
+    ev = _index(tmp_path / "o" / "eval")
+    assert len(ev) == ev.doc_id.nunique() and set(ev.component) == {"web"}
+    assert 80 < len(ev) < 160
+    for name in ("p1-uniform", "p2-uniform"):
+        assert not set(ev.doc_id) & set(_index(tmp_path / "o" / name).doc_id)
