@@ -93,7 +93,10 @@ def run(ctx: Any) -> dict[str, Any]:
         for stage, sc in acc.items():
             rate = "-" if sc["acceptance"] is None else f"{sc['acceptance']:.0%}"
             ctx.step(f"  {stage:<26} {sc['out']:>4} / {sc['in']:<4} ({rate})")
+        export_dir = res.out_dir / "export"
+        train = export_dir / "train.jsonl"
         result[name] = {"records": str(res.records_path), "rejects": str(res.out_dir / "rejects.jsonl"),
+                        "export_dir": str(export_dir), "train_jsonl": str(train) if train.exists() else None,
                         "manifest": str(res.out_dir / "manifest.json"), "n_records": m.counts["records"],
                         "n_prompts": m.counts["prompts"], "acceptance": acc,
                         "completion_tokens": m.usage["completion_tokens"]}

@@ -23,6 +23,7 @@ def test_stage_runs_sql_and_tool_use_and_reports_every_stage(tmp_path):
     for name, first in (("text_to_sql", "schema"), ("tool_use", "query")):
         r = result[name]
         assert Path(r["records"]).is_file() and Path(r["manifest"]).is_file() and Path(r["rejects"]).is_file()
+        assert Path(r["export_dir"]).is_dir()
         assert r["n_prompts"] == 3
         assert r["acceptance"][first]["in"] == 3
         # the scripted arithmetic teacher writes no SQL: everything is rejected at the first stage, with a reason
