@@ -241,11 +241,12 @@ def run(ctx) -> dict[str, Any]:
     sizes = {n: component_tokens(p, tokenizer) for n, p in components.items()}
     main_source = max(scored, key=lambda n: sizes[n])
     total = sizes[main_source]
-    slice_tokens = max(1, total // int(ctx.size("proxy_slice_fraction_inv", 8)))
+    slice_tokens = max(1, total // int(ctx.size("proxy_slice_fraction_inv", 10)))
     # Puro's rules scaled to the demo: the scored source qualifies for quantile slices (4B of >50B in
-    # the paper; here 1/8 of it), any other source at least one slice big gets a random slice
-    rules = SliceRules(slice_tokens=slice_tokens, quantile_min_tokens=total // 2, random_min_tokens=slice_tokens,
-                       seed=seed)
+    # the paper; here a tenth of it), any other source of at least half a slice gets a random slice
+    # (in the paper, 5B for a 4B slice), smaller ones none
+    rules = SliceRules(slice_tokens=slice_tokens, quantile_min_tokens=total // 2,
+                       random_min_tokens=max(1, slice_tokens // 2), seed=seed)
     # quantile slices for the largest scored source only (keeps the demo to 4 + one per other source)
     refs = [ComponentRef(path=str(p), score_field=_score_field(p) if n == main_source else None)
             for n, p in sorted(components.items())]
