@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.proxy_stage import arithmetic_mc, build_suite, find_components, find_tokenizer, run, summary
+from demo.proxy_stage import arithmetic_mc, find_components, find_tokenizer, run, summary
 from tests.proxy_eval.helpers import write_component
 
 WORDS = ("the river flows past old stone bridges while children read books about distant stars and "
