@@ -376,9 +376,12 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
                                                                       spec.bucket_count_of(p))
         plan = with_prefix(plan, ["ord_a", "ord_b", "ord_c", "ord_d"], group_col="seg_rank", out_col="seg_prefix")
         plan = plan.withColumn("part", F.floor(F.col("seg_prefix") / F.lit(spec.shard_tokens)).cast("long"))
-        used = {r["comp"]: (int(r["d"]), int(r["t"])) for r in
-                plan.groupBy("comp").agg(F.count("*").alias("d"), F.sum("n").alias("t")).collect()}
-        present = {r["label"].removeprefix("replay:") for r in plan.select("label").distinct().collect()}
+        used: dict[int, tuple[int, int]] = {}
+        present: set[str] = set()
+        for r in plan.groupBy("comp", "label").agg(F.count("*").alias("d"), F.sum("n").alias("t")).collect():
+            d0, t0_ = used.get(r["comp"], (0, 0))
+            used[r["comp"]] = (d0 + int(r["d"]), t0_ + int(r["t"]))
+            present.add(r["label"].removeprefix("replay:"))
         uses = component_uses_from(spec, phase, paths={n: str(opened[n].directory) for n in names}, records=records,
                                    retained=ret_counts, held_out=held_counts,
                                    used={n: used.get(i, (0, 0)) for i, n in enumerate(names)},
@@ -425,14 +428,17 @@ def _phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: di
         raise MixtureSpecError("<spec>", str(e), field=f"phases[{pi}].components") from None
     rows = retained.filter(F.col("comp").isin(members))
     salt = f"budget:{p.name}"
-    rows = _map_columns(rows, [("bkey", LongType())],
-                        lambda pdf: {"bkey": _signed(cm.doc_keys(pdf["uid"].to_numpy(object), spec.seeds.budget, salt=salt))})
-    rows = with_prefix(rows, ["bkey", "uid"], group_col="comp", out_col="bprefix")
     extra = {names.index(n): b[n] - retained_tokens[n] for n in p.components}
+    if any(e != 0 for e in extra.values()):     # the budget order matters only when something is cut or repeated
+        rows = _map_columns(rows, [("bkey", LongType())], lambda pdf: {
+            "bkey": _signed(cm.doc_keys(pdf["uid"].to_numpy(object), spec.seeds.budget, salt=salt))})
+        rows = with_prefix(rows, ["bkey", "uid"], group_col="comp", out_col="bprefix")
+    else:
+        rows = rows.withColumn("bkey", F.lit(0).cast("long")).withColumn("bprefix", F.lit(0).cast("long"))
     # below the retained mass: a seeded subset; above it: dup_count rounds, then whole passes
     copies = F.when(F.lit(False), F.lit(0))
     for ci, e in extra.items():
-        if e <= 0:
+        if e < 0:
             copies = copies.when(F.col("comp") == ci, (F.col("bprefix") < F.lit(b[names[ci]])).cast("long"))
     rows = rows.withColumn("copies", copies.otherwise(F.lit(1)).cast("long"))
     dup_comps = {ci: e for ci, e in extra.items() if e > 0 and spec.components[ci].repeat == "dup_count"}
@@ -446,13 +452,14 @@ def _phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: di
         for ci, e in bc.items():
             take = take | ((F.col("comp") == ci) & elig & (F.col("dprefix") < F.lit(e)))
         rows = _freeze(rows.withColumn("take", take).withColumn("copies", F.col("copies") + F.col("take").cast("long")))
-        taken = {r["comp"]: int(r["t"] or 0) for r in
-                 rows.filter("take").groupBy("comp").agg(F.sum("n").alias("t")).collect()}
-        n_elig = {r["comp"]: int(r["c"]) for r in rows.filter(elig).groupBy("comp").agg(F.count("*").alias("c")).collect()}
+        stats = {r["comp"]: (int(r["t"] or 0), int(r["c"] or 0)) for r in rows.groupBy("comp").agg(
+            F.sum(F.when(F.col("take"), F.col("n")).otherwise(0)).alias("t"),
+            F.sum(elig.cast("long")).alias("c")).collect()}
         for ci in list(dup_comps):
-            extra[ci] -= taken.get(ci, 0)
+            taken, n_elig = stats.get(ci, (0, 0))
+            extra[ci] -= taken
             dup_comps[ci] = extra[ci]
-            if extra[ci] <= 0 or not n_elig.get(ci):
+            if extra[ci] <= 0 or not n_elig:
                 del dup_comps[ci]
         rows = rows.drop("m", "dprefix", "take")
         j += 1
@@ -563,8 +570,8 @@ def _stream_plan(spark, spec: MixtureSpec, p, pool, order: str, prev_pool, prev_
               .unionByName(head.select(*[c for c in cols if c not in ("seg_rank", "segment", "ord_c", "ord_d")], "sprefix")))
     window = (window.withColumn("seg_rank", F.lit(-1).cast("long")).withColumn("segment", F.lit(cm.segment_name("transition", 0)))
               .withColumn("ord_c", F.lit("")).withColumn("ord_d", F.col("sprefix")).select(*cols))
-    r_tok = rep.agg(F.sum("n")).collect()[0][0] or 0
-    h_tok = head.agg(F.sum("n")).collect()[0][0] or 0
+    sides = {r["ord_b"]: int(r["t"] or 0) for r in window.groupBy("ord_b").agg(F.sum("n").alias("t")).collect()}
+    r_tok, h_tok = sides.get(0, 0), sides.get(1, 0)
     extra = {"transition": {"from_phase": prev_name, "transition_tokens": int(L), "replay_tokens": int(r_tok),
                             "phase_tokens": int(h_tok), "window_tokens": int(r_tok + h_tok)}}
     return window.unionByName(rest), extra
@@ -597,9 +604,8 @@ def _write_files(spark, plan, tok, directory: Path, vocab_size: int) -> list[Sha
 
     tokens = tok.filter(F.col("reason").isNull()).select("comp", "id", "tokens")
     joined = plan.join(tokens, on=["comp", "id"], how="inner")
-    n_files = plan.select("seg_rank", "part").distinct().count()
     keys = ["seg_rank", "part"]
-    joined = (joined.repartition(max(1, min(n_files, 4 * spark.sparkContext.defaultParallelism)), *keys)
+    joined = (joined.repartition(2 * spark.sparkContext.defaultParallelism, *keys)
               .sortWithinPartitions(*keys, "ord_a", "ord_b", "ord_c", "ord_d"))
     dtype = token_dtype(vocab_size)
     target = str(directory)
