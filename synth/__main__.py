@@ -39,6 +39,11 @@ def _run_generator(argv: list[str]) -> int:
     cfg = apply_teacher_overrides(cfg, args.endpoint, args.model, args.backend, args.teacher_role)
     res = run(cfg, args.out, fresh=args.fresh, progress=not args.no_progress)
     m = res.manifest
+    if m.status != "complete":
+        print(f"{m.generator}: {m.counts['prompts_done']}/{m.counts['prompts']} prompts done; "
+              f"{m.errors['prompts_failed']} failed this run (first: {m.errors['examples'][:1]}). "
+              f"Run the same command again to retry them; see {args.out}/manifest.partial.json", file=sys.stderr)
+        return 3
     print(f"{m.generator}: {m.counts['records']} records from {m.counts['prompts']} prompts -> {res.records_path}")
     for name, sc in m.steps.items():
         acc = "-" if sc["acceptance"] is None else f"{sc['acceptance']:.1%}"

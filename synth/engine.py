@@ -59,6 +59,27 @@ class SynthRunManifest(RunManifest):
     usage: dict[str, Any] = {}
     throughput: dict[str, float] = {}
     errors: dict[str, Any] = {}
+    run_identity: str = ""              # config hash without endpoints/concurrency (what resume matches)
+
+
+# Where a teacher is served and how hard the client pushes do not change any answer (requests are
+# content-keyed and seeded), so they are not part of the run identity: a run resumes against a
+# restarted server on another port, or with more endpoints.
+OPERATIONAL_TEACHER_KEYS = ("endpoints", "api_key_env", "initial_concurrency", "min_concurrency", "max_concurrency",
+                            "timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "breaker_failures",
+                            "breaker_cooldown_s", "breaker_max_trips", "ready_timeout_s", "stream")
+OPERATIONAL_OUTPUT_KEYS = ("max_inflight_rows", "max_error_rows")
+
+
+def run_identity(cfg_dump: dict[str, Any]) -> str:
+    """Hash of the config minus operational settings: what the journal must match to resume."""
+    d = json.loads(json.dumps(cfg_dump))
+    for t in d.get("teachers", {}).values():
+        for k in OPERATIONAL_TEACHER_KEYS:
+            t.pop(k, None)
+    for k in OPERATIONAL_OUTPUT_KEYS:
+        d.get("output", {}).pop(k, None)
+    return config_hash(d)
 
 
 class RunEnv:
@@ -266,7 +287,7 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
     out.mkdir(parents=True, exist_ok=True)
     atomic.clean_stale_tmp(out)
     cfg_dump = cfg.model_dump(mode="json")
-    chash = config_hash(cfg_dump)
+    chash = run_identity(cfg_dump)
     journal_path = out / "journal.jsonl"
     if fresh and journal_path.exists():
         journal_path.unlink()
@@ -380,7 +401,7 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
     live_completion = sum(s.get("completion_tokens", 0) for s in stats.values())
     manifest = SynthRunManifest(
         job=f"synth {cfg.generator}", generator=cfg.generator, status="complete" if complete else "partial",
-        config=cfg_dump, config_hash=chash,
+        config=cfg_dump, config_hash=config_hash(cfg_dump), run_identity=chash,
         teachers={k: v.describe() for k, v in cfg.teachers.items()},
         steps=step_counts, post=post_summary,
         counts={"prompts": len(rows), "prompts_done": len(entries), "prompts_dropped": n_dropped,

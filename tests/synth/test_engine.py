@@ -328,3 +328,27 @@ def test_off_mode_teacher_is_routed_by_category(fake_server, tmp_path):
     assert by_prompt["g"].model == "general-70b" and by_prompt["g"].role == "general"
     assert by_prompt["m"].model == "instruct-70b" and by_prompt["m"].role == "instruct"
     assert general.stats.n_requests == 1 and other.stats.n_requests == 1
+
+
+def test_a_prompt_that_keeps_failing_is_retried_by_the_next_run(fake_server, tmp_path):
+    items = [{"id": f"p{i}", "prompt": f"Ada has {i} coins and finds 2 more. How many coins?", "reference": str(i + 2)}
+             for i in range(6)]
+    bad = fake_server("arithmetic", faults=[Fault("500", contains="has 3 coins")])
+    cfg = pairs_config(bad.base_url, n=1, source={"kind": "inline", "items": items})
+    for t in cfg["teachers"].values():
+        t["max_retries"] = 2
+    res = run(gen(cfg), tmp_path / "r", progress=False)
+    assert res.manifest.status == "partial" and res.manifest.errors["prompts_failed"] == 1
+    assert "p3" in res.manifest.errors["examples"][0] and "HTTP 500" in res.manifest.errors["examples"][0]
+    assert not (tmp_path / "r" / "records.jsonl").exists() and (tmp_path / "r" / "manifest.partial.json").exists()
+    # the endpoint recovers elsewhere (a restarted server on another port): the same directory
+    # resumes, and only the failed prompt is asked again
+    good = fake_server("arithmetic")
+    cfg2 = json.loads(json.dumps(cfg))
+    for t in cfg2["teachers"].values():
+        t["endpoints"] = [good.base_url]
+        t["initial_concurrency"] = 3
+    res2 = run(gen(cfg2), tmp_path / "r", progress=False)
+    assert res2.manifest.status == "complete" and good.stats.n_requests == 2          # p3: on + off
+    run(gen(cfg2), tmp_path / "clean", progress=False)
+    assert (tmp_path / "r" / "records.jsonl").read_bytes() == (tmp_path / "clean" / "records.jsonl").read_bytes()
