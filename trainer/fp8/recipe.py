@@ -16,7 +16,7 @@ What is configurable:
 - ``quantizer``: ``triton`` (fused kernels: one read of a 128x128 tile writes both the row-quantized
   copy and the transposed column-quantized copy that Wgrad needs), ``torch`` (the same math in plain
   torch ops, which ``torch.compile`` fuses into the neighbouring ops and de-duplicates across q/k/v),
-  or ``auto`` (``torch`` while compiling, ``triton`` in eager mode on CUDA when Triton is importable).
+  or ``auto`` (``triton`` on CUDA when Triton is importable, else ``torch``).
 - ``exclude``: regular expressions over qualified module names that stay in high precision. The
   default keeps the LM head (``lm_head``, ``output``, ``head``) in BF16; embeddings and norms are not
   ``nn.Linear`` and are never touched.
