@@ -1,9 +1,10 @@
 """Demo stage "proxy": what each data slice is worth, measured with tiny proxy runs (Puro §3.6).
 
-1. Benchmarks from the demo's own data: a few held-out documents per source become bits-per-byte
-   tasks (General / Code / Math by source), and held-out math problems become a multiple-choice
-   task over their final numeric answers (scored by the gold answer's probability, a likelihood
-   metric fit for tiny proxies). The held-out documents are excluded from every slice.
+1. Benchmarks from the demo's own data: a few held-out documents per source (the corpus stage's
+   eval sets, which no component contains) become bits-per-byte tasks (General / Code / Math by
+   source), and held-out math problems become a multiple-choice task over their final numeric
+   answers (scored by the gold answer's probability, a likelihood metric fit for tiny proxies).
+   Held-out documents are excluded from every slice.
 2. A slice plan by Puro's rules, scaled to the demo: quantile slices q00..q75 (from the best end)
    of the scored source, one random slice of each other source.
 3. A tiny base model trained briefly on all sources (reused on a rerun), then one continuation per
@@ -140,8 +141,18 @@ def hash_text(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
-def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, max_chars: int) -> tuple[Any, Path]:
-    """Held-out tasks from the components; returns the suite and the file of held-out ids."""
+def _eval_documents(path: str | Path) -> list[dict[str, Any]]:
+    from proxy_eval.tasks import DataSource, read_records
+
+    return [r for r in read_records(DataSource(path=str(path))) if isinstance(r.get("text"), str)]
+
+
+def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, max_chars: int,
+                eval_sources: dict[str, str] | None = None) -> tuple[Any, Path]:
+    """Benchmark tasks per source: bits per byte on held-out text (General / Code / Math by source
+    name) and, for math, multiple choice over the final answers. Documents come from the corpus
+    stage's held-out eval files when it wrote them (never in any component), else they are held out
+    of the components here; the ids returned are left out of every slice."""
     from proxy_eval.slices import doc_hash_keys
     from proxy_eval.tasks import DataSource, SuiteConfig, TaskConfig
 
@@ -149,22 +160,26 @@ def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, 
     tasks: list[Any] = []
     held_ids: set[str] = set()
     for name, path in sorted(components.items()):
-        table = Component.open(path).read(columns=["id", "text"])
-        ids = [str(x) for x in table.column("id").to_pylist()]
-        texts = [t or "" for t in table.column("text").to_pylist()]
-        keys = doc_hash_keys(ids, seed, salt=f"eval:{name}")
-        order = [i for i in np.argsort(keys, kind="stable") if len(texts[i].strip()) >= 40]
+        if eval_sources and name in eval_sources:
+            records = [r for r in _eval_documents(eval_sources[name]) if len(r["text"].strip()) >= 40]
+        else:
+            table = Component.open(path).read(columns=["id", "text"])
+            records = [{"id": str(i), "text": t or ""} for i, t in zip(table.column("id").to_pylist(),
+                                                                      table.column("text").to_pylist())]
+            records = [r for r in records if len(r["text"].strip()) >= 40]
+        keys = doc_hash_keys([str(r.get("id", i)) for i, r in enumerate(records)], seed, salt=f"eval:{name}")
+        order = [int(i) for i in np.argsort(keys, kind="stable")]
         picked = order[:n_docs]
-        held_ids.update(ids[i] for i in picked)
+        held_ids.update(str(records[i].get("id")) for i in picked)
         text_file = out / f"{name}_text.jsonl"
-        text_file.write_text("".join(json.dumps({"text": texts[i][:max_chars]}) + "\n" for i in picked))
+        text_file.write_text("".join(json.dumps({"text": records[i]["text"][:max_chars]}) + "\n" for i in picked))
         tasks.append(TaskConfig(name=f"{name}_bpb", format="bits_per_byte", preset="text", group=domain_group(name),
                                 source=DataSource(path=str(text_file))))
         if domain_group(name) == "Math":
             more = order[:n_docs * 2]
-            items = [x for x in (arithmetic_mc(texts[i][:max_chars]) for i in more) if x]
+            items = [x for x in (arithmetic_mc(records[i]["text"][:max_chars]) for i in more) if x]
             if len(items) >= 4:
-                held_ids.update(ids[i] for i in more)
+                held_ids.update(str(records[i].get("id")) for i in more)
                 mc_file = out / f"{name}_answers.jsonl"
                 mc_file.write_text("".join(json.dumps(x) + "\n" for x in items))
                 tasks.append(TaskConfig(name=f"{name}_answer", format="multiple_choice", group="Math",
@@ -228,9 +243,11 @@ def run(ctx) -> dict[str, Any]:
     tok_spec = {"kind": "hf", "path": str(tok_path)}
     seed = int(ctx.size("proxy_seed", 0))
 
-    ctx.step(f"benchmarks from held-out documents of {len(components)} sources")
+    ctx.step(f"benchmarks from held-out documents of {len(components)} sources"
+             + (" (the corpus stage's eval sets)" if (ctx.results.get("corpus") or {}).get("eval") else ""))
+    eval_sources = (ctx.results.get("corpus") or {}).get("eval") or None
     suite, held_ids = build_suite(components, out / "benchmarks", int(ctx.size("proxy_eval_docs", 24)), seed,
-                                  int(ctx.size("proxy_eval_chars", 1500)))
+                                  int(ctx.size("proxy_eval_chars", 1500)), eval_sources=eval_sources)
     ctx.step("tasks: " + ", ".join(f"{t.name} ({t.group})" for t in suite.tasks))
     # every configuration is also written as the YAML a user would pass to `python -m proxy_eval ...`
     write_yaml(out / "suite.yaml", suite.model_dump(mode="json", exclude_defaults=True))

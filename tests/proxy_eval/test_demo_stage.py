@@ -104,3 +104,31 @@ def test_demo_proxy_stage_ci_size(tmp_path, capsys):
                  "--windows", "2,4", "--out", str(d / "track")]) == 0
     track = json.loads((d / "track" / "track.json").read_text())
     assert [p["window"] for p in track["points"]] == [0, 2, 4]
+
+
+def test_benchmarks_from_the_corpus_stage_eval_sets(tmp_path):
+    from demo.proxy_stage import build_suite
+    from proxy_eval.tasks import load_task
+
+    comps = _corpus(tmp_path / "components", random.Random(3))
+    ev = tmp_path / "eval"
+    ev.mkdir()
+    (ev / "math.jsonl").write_text("".join(json.dumps({
+        "id": f"m{i}", "problem": f"Ava has {i} coins and finds 3 more. How many coins?",
+        "text": f"Problem: Ava has {i} coins and finds 3 more. How many coins?\n\nSolution: {i} + 3 = {i + 3}. "
+                f"The answer is {i + 3}.", "answer": str(i + 3)}) + "\n" for i in range(10)))
+    (ev / "prose.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "text": "quiet valleys " * 20}) + "\n"
+                                            for i in range(10)))
+    suite, ids_file = build_suite(comps, tmp_path / "b", n_docs=6, seed=0, max_chars=500,
+                                  eval_sources={"math": str(ev / "math.jsonl"), "prose": str(ev / "prose.jsonl")})
+    names = {t.name: t for t in suite.tasks}
+    assert set(names) == {"code_bpb", "math_bpb", "math_answer", "prose_bpb"}
+    mc = load_task(names["math_answer"])
+    assert len(mc.docs) == 10
+    for d in mc.docs:
+        gold = d["choices"][d["gold"]]
+        assert d["query"].endswith("The answer is ") and d["query"].split("= ")[-1].startswith(gold)
+    held = set(ids_file.read_text().split())
+    assert {f"m{i}" for i in range(10)} <= held
+    assert not any(h.startswith("prose-") for h in held)           # prose came from its eval set
+    assert sum(1 for h in held if h.startswith("code-")) == 6      # no eval set for code: held out of the component
