@@ -86,6 +86,8 @@ def write_tokenizer(tokenizer: str | os.PathLike, out: Path, eos_token: str | No
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     src = Path(tokenizer)
+    if src.is_file() and src.name == "tokenizer.json" and (src.parent / "tokenizer_config.json").is_file():
+        src = src.parent                      # ship its tokenizer_config.json (chat template, specials) too
     if src.is_dir():
         files = [src / f for f in TOKENIZER_FILES if (src / f).is_file()]
         if not (src / "tokenizer.json").is_file() and not (src / "vocab.json").is_file():
