@@ -457,3 +457,13 @@ def test_quantized_copies_are_row_major_even_for_transposed_inputs():
     assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
     qw, _ = quantize_128x128(torch.randn(256, 384).t())
     assert qw.is_contiguous()
+
+
+def test_readme_example_and_idempotent_conversion():
+    from trainer.flops import QWEN3_SHAPES, flops_per_token
+
+    model = _TinyLM(layers=1)
+    convert_to_fp8(model, None)
+    convert_to_fp8(model, Fp8Recipe(scale_format="fp32"))  # already converted: a no-op
+    assert len(fp8_module_names(model)) == 7
+    assert round(flops_per_token(QWEN3_SHAPES["1.7b"], 4096).fp8_share(), 3) == 0.721

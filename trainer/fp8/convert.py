@@ -56,8 +56,9 @@ def resolve_recipe(cfg: object = None) -> Fp8Recipe:
 
 def convert_to_fp8(model: nn.Module, cfg: object = None) -> nn.Module:
     """Replace, in place, every ``nn.Linear`` the recipe wants with an :class:`Fp8Linear` that
-    shares its parameters; return ``model``. Raises if nothing was converted (a model whose
-    linears are not ``nn.Linear`` would otherwise silently train in BF16)."""
+    shares its parameters; return ``model``. Converting twice is a no-op. Raises if the model ends up
+    with no FP8 linear at all (a model whose linears are not ``nn.Linear`` would otherwise silently
+    train in BF16)."""
     recipe = resolve_recipe(cfg)
     converted: list[str] = []
     kept: list[str] = []
@@ -74,7 +75,7 @@ def convert_to_fp8(model: nn.Module, cfg: object = None) -> nn.Module:
                 converted.append(name)
             else:
                 kept.append(name)
-    if not converted:
+    if not converted and not fp8_module_names(model):
         raise ValueError(
             f"convert_to_fp8: no nn.Linear to convert in {type(model).__name__} "
             f"(kept in high precision: {kept or 'none'}); check the recipe's include/exclude patterns"
