@@ -160,23 +160,28 @@ def build_suite(components: dict[str, Path], out: Path, n_docs: int, seed: int, 
     tasks: list[Any] = []
     held_ids: set[str] = set()
     for name, path in sorted(components.items()):
+        records = []
+        limit = n_docs
         if eval_sources and name in eval_sources:
             records = [r for r in _eval_documents(eval_sources[name]) if len(r["text"].strip()) >= 40]
-        else:
+        if len(records) < max(2, n_docs // 2):       # too few held out upstream: hold some out here
             table = Component.open(path).read(columns=["id", "text"])
             records = [{"id": str(i), "text": t or ""} for i, t in zip(table.column("id").to_pylist(),
                                                                       table.column("text").to_pylist())]
             records = [r for r in records if len(r["text"].strip()) >= 40]
+            limit = min(n_docs, max(1, len(records) // 10))      # never more than a tenth of a source
         keys = doc_hash_keys([str(r.get("id", i)) for i, r in enumerate(records)], seed, salt=f"eval:{name}")
         order = [int(i) for i in np.argsort(keys, kind="stable")]
-        picked = order[:n_docs]
+        picked = order[:limit]
+        if not picked:
+            continue
         held_ids.update(str(records[i].get("id")) for i in picked)
         text_file = out / f"{name}_text.jsonl"
         text_file.write_text("".join(json.dumps({"text": records[i]["text"][:max_chars]}) + "\n" for i in picked))
         tasks.append(TaskConfig(name=f"{name}_bpb", format="bits_per_byte", preset="text", group=domain_group(name),
                                 source=DataSource(path=str(text_file))))
         if domain_group(name) == "Math":
-            more = order[:n_docs * 2]
+            more = order[:limit * 2]
             items = [x for x in (arithmetic_mc(records[i]["text"][:max_chars]) for i in more) if x]
             if len(items) >= 4:
                 held_ids.update(str(records[i].get("id")) for i in more)
