@@ -135,9 +135,32 @@ def _load(specs: list[LabelledInput]) -> tuple[list[str], list[InputFingerprint]
     return texts, fps
 
 
-def train_classifier(cfg: TrainClassifierConfig, force: bool = False) -> ClassifierCard:
+def _train_worker(train_file: str, params: dict, quantize: int, out: str) -> None:
     import fasttext
 
+    model = fasttext.train_supervised(
+        input=train_file, dim=params["dim"], epoch=params["epoch"], lr=params["lr"], wordNgrams=params["word_ngrams"],
+        minCount=params["min_count"], bucket=params["bucket"], minn=params["minn"], maxn=params["maxn"],
+        loss=params["loss"], thread=params["thread"], seed=params["seed"], verbose=0)
+    if quantize:
+        # keep the `quantize` most useful words and n-grams, retrain them, product-quantize (.ftz)
+        model.quantize(input=train_file, cutoff=quantize, retrain=True, qnorm=True)
+    model.save_model(out)
+
+
+def train_in_fresh_process(train_file: str, params: dict, quantize: int, out: str) -> None:
+    """Run fastText training in a new interpreter. The fastText library keeps state between
+    trainings in one process (with fasttext-numpy2-wheel 0.9.2 a second `train_supervised` in the
+    same process can give a different model, or "Encountered NaN"); a fresh process gives the
+    same model for the same data and seed every time."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(_train_worker, train_file, params, quantize, out).result()
+
+
+def train_classifier(cfg: TrainClassifierConfig, force: bool = False) -> ClassifierCard:
     out = Path(cfg.output)
     card_path = model_card_path(str(out))
     config = cfg.model_dump(mode="json")
@@ -171,13 +194,8 @@ def train_classifier(cfg: TrainClassifierConfig, force: bool = False) -> Classif
         train_file = os.path.join(tmp, "train.txt")
         with open(train_file, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")
-        model = fasttext.train_supervised(
-            input=train_file, dim=p.dim, epoch=p.epoch, lr=p.lr, wordNgrams=p.word_ngrams, minCount=p.min_count,
-            bucket=p.bucket, minn=p.minn, maxn=p.maxn, loss=p.loss, thread=p.thread, seed=p.seed, verbose=0)
-        if cfg.quantize:
-            model.quantize(input=train_file, retrain=False, qnorm=True)
         with atomic.atomic_path(out) as tmp_model:
-            model.save_model(str(tmp_model))
+            train_in_fresh_process(train_file, p.model_dump(), cfg.quantize_cutoff if cfg.quantize else 0, str(tmp_model))
     model = load_fasttext(str(out))
     held = pos_held + neg_held
     y = [1] * len(pos_held) + [0] * len(neg_held)
@@ -185,7 +203,8 @@ def train_classifier(cfg: TrainClassifierConfig, force: bool = False) -> Classif
     metrics = binary_metrics(y, probs) if held else {}
     card = ClassifierCard(
         job="kaiyuan.train-classifier", name=cfg.name, config=config, inputs=inputs,
-        counts={"train_positive": len(pos_train), "train_negative": len(neg_train),
+        counts={"positive_texts": len(pos), "negative_texts": len(neg),
+                "train_positive": len(pos_train), "train_negative": len(neg_train),
                 "heldout_positive": len(pos_held), "heldout_negative": len(neg_held)},
         model_file=out.name, model_sha256=sha256_file(out), model_n_bytes=out.stat().st_size,
         positive_label=cfg.positive_label, negative_label=cfg.negative_label, metrics=metrics,

@@ -257,7 +257,7 @@ class FastTextParams(_Strict):
     lr: float = 0.5
     word_ngrams: int = 2
     min_count: int = 2
-    bucket: int = 200_000
+    bucket: int = 100_000
     minn: int = 0
     maxn: int = 0
     loss: Literal["softmax", "hs", "ova"] = "softmax"
@@ -278,4 +278,5 @@ class TrainClassifierConfig(_Strict):
     max_chars: int = Field(20_000, ge=100)       # fastText sees at most this many characters per document
     seed: int = 0
     fasttext: FastTextParams = FastTextParams()
-    quantize: bool = False
+    quantize: bool = False                       # product-quantize into a small .ftz
+    quantize_cutoff: int = Field(50_000, ge=1)   # words and n-grams kept when quantizing

@@ -59,16 +59,29 @@ def small_star(edges: Iterable[Edge]) -> set[Edge]:
     return out
 
 
+def is_star_forest(edges: set[Edge]) -> bool:
+    """True when canonical edges (larger, smaller) form stars centred on their smallest node:
+    every node has at most one smaller neighbour, and a node with one has no larger neighbours.
+    This is the fixed point of the two steps (they return such an edge set unchanged)."""
+    srcs: dict = defaultdict(int)
+    dsts = set()
+    for u, v in edges:
+        srcs[u] += 1
+        dsts.add(v)
+    return all(n == 1 for n in srcs.values()) and not (set(srcs) & dsts)
+
+
 def star_components(edges: Iterable[Edge], max_rounds: int = 100) -> tuple[dict, int]:
     """Node -> smallest node of its component, for every node that has an edge; and the number
-    of rounds until the edge set stopped changing."""
+    of rounds (Large-Star then Small-Star) it took to reach a star forest."""
     current = canonical(edges)
-    for rounds in range(1, max_rounds + 1):
-        nxt = small_star(large_star(current))
-        if nxt == current:
-            return {v: m for v, m in current} | {m: m for _, m in current}, rounds
-        current = nxt
-    raise RuntimeError(f"connected components did not converge in {max_rounds} rounds")
+    rounds = 0
+    while not is_star_forest(current):
+        if rounds == max_rounds:
+            raise RuntimeError(f"connected components did not converge in {max_rounds} rounds")
+        current = small_star(large_star(current))
+        rounds += 1
+    return {v: m for v, m in current} | {m: m for _, m in current}, rounds
 
 
 def union_find_components(edges: Iterable[Edge]) -> dict:

@@ -93,14 +93,13 @@ def finalize(tmp_dir: Path, final_dir: Path, manifest_fields: dict[str, Any]) ->
         raise
 
 
-def side_output_counts(tmp_dir: Path, name: str) -> int:
-    """Rows of a side output (e.g. `_quarantine`) just written into a component's temporary directory."""
+def rows_written(directory: Path) -> int:
+    """Rows in the parquet files just written to `directory` (from their footers; no Spark job)."""
     import pyarrow.parquet as pq
 
-    d = tmp_dir / name
-    if not d.is_dir():
+    if not directory.is_dir():
         return 0
-    return sum(pq.read_metadata(p).num_rows for p in sorted(d.glob("*.parquet")))
+    return sum(pq.read_metadata(p).num_rows for p in sorted(directory.glob("*.parquet")))
 
 
 def require_components(stage_dir: Path, names: Optional[list[str]] = None) -> dict[str, Component]:

@@ -73,29 +73,26 @@ def signature_fn(n_grams: int, shingles: str, bands: int, rows: int, num_perm: i
                 cols["bands"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(keys[has].reshape(-1)),
                                                          mask=pa.array(~has))
                 if keep_sig:
-                    cols["sig"] = pa.array([row.tobytes() if h else None for row, h in zip(sig, has)], type=pa.binary())
+                    k = sig.shape[1]
+                    sig_offsets = np.zeros(n + 1, dtype=np.int32)
+                    np.cumsum(np.where(has, k, 0), out=sig_offsets[1:])
+                    cols["sig"] = pa.ListArray.from_arrays(pa.array(sig_offsets), pa.array(sig[has].view(np.int64).reshape(-1)),
+                                                           mask=pa.array(~has))
             else:
                 cols["bands"] = pa.nulls(n, pa.list_(pa.int64()))
             if keep_sig and "sig" not in cols:
-                cols["sig"] = pa.nulls(n, pa.binary())
+                cols["sig"] = pa.nulls(n, pa.list_(pa.int64()))
             yield pa.RecordBatch.from_pydict(cols)
 
     return run
 
 
-def _estimate_jaccard_udf(num_perm: int):
-    import pandas as pd
-    from pyspark.sql.functions import pandas_udf
+def estimated_jaccard(sig_a, sig_b, num_perm: int):
+    """Column: fraction of equal MinHash values of two signature arrays (JVM-side, no Python)."""
+    from pyspark.sql import functions as F
 
-    @pandas_udf("double")
-    def est(a: pd.Series, b: pd.Series) -> pd.Series:
-        import numpy as np
-
-        x = np.frombuffer(b"".join(a.tolist()), dtype=np.uint64).reshape(-1, num_perm)
-        y = np.frombuffer(b"".join(b.tolist()), dtype=np.uint64).reshape(-1, num_perm)
-        return pd.Series((x == y).mean(axis=1))
-
-    return est
+    equal = F.zip_with(sig_a, sig_b, lambda x, y: (x == y).cast("int"))
+    return F.aggregate(equal, F.lit(0), lambda acc, v: acc + v) / F.lit(float(num_perm))
 
 
 def _representative_order(cfg: RunConfig):
@@ -167,7 +164,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     for f in frames[1:]:
         docs = docs.unionByName(f)
     schema = ("source string, id string, _score double, _weight bigint, exact_key binary, bands array<bigint>"
-              + (", sig binary" if d.verify.enabled else ""))
+              + (", sig array<bigint>" if d.verify.enabled else ""))
     keyed = (docs.mapInArrow(signature_fn(d.minhash.n_grams, d.minhash.shingles, bands, rows, num_perm, d.minhash.seed,
                                           d.exact, d.near, d.verify.enabled), schema)
              .withColumn("node", F.concat_ws(NODE_SEP, "source", "id"))
@@ -187,11 +184,10 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
         near = exploded.select(F.col("node").alias("src"), F.min("node").over(wb).alias("dst")).where(F.col("src") != F.col("dst"))
         if d.verify.enabled:
             sigs = keyed.select("node", "sig")
-            est = _estimate_jaccard_udf(num_perm)
             near = (near.distinct()
                     .join(sigs.withColumnRenamed("node", "src").withColumnRenamed("sig", "sig_a"), "src")
                     .join(sigs.withColumnRenamed("node", "dst").withColumnRenamed("sig", "sig_b"), "dst")
-                    .where(est("sig_a", "sig_b") >= d.verify.threshold)
+                    .where(estimated_jaccard(F.col("sig_a"), F.col("sig_b"), num_perm) >= d.verify.threshold)
                     .select("src", "dst"))
         edge_frames.append(near)
     if not edge_frames:

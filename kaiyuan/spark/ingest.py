@@ -24,8 +24,6 @@ log = get_logger("kaiyuan.ingest")
 
 JOB = "kaiyuan.ingest"
 BLANK = "_blank_lines"      # pseudo-reason of the per-split blank-line count rows (never written)
-SPLIT_SCHEMA = ("source string, path string, rel string, format string, compression string, start bigint, "
-                "end bigint, first_line bigint, row_offset bigint")
 
 
 def job_config(source: SourceConfig, cfg: RunConfig) -> dict[str, Any]:
@@ -33,13 +31,14 @@ def job_config(source: SourceConfig, cfg: RunConfig) -> dict[str, Any]:
     return {"job": JOB, "source": source.model_dump(mode="json"), "ingest": cfg.ingest.model_dump(mode="json")}
 
 
-def _read_splits_fn(opts: readers.ReadOptions):
+def _read_splits_fn(splits: list[readers.Split], opts: readers.ReadOptions):
+    """mapInArrow body over `spark.range(len(splits))`: each index names the split to read."""
     def read_splits(batches):
         import pyarrow as pa
 
         for batch in batches:
-            for row in batch.to_pylist():
-                split = readers.Split(**row)
+            for idx in batch.column("id").to_pylist():
+                split = splits[idx]
                 counters: dict[str, int] = {}
                 yield from readers.read_split(split, opts, counters)
                 if counters.get("blank_lines"):
@@ -50,26 +49,22 @@ def _read_splits_fn(opts: readers.ReadOptions):
     return read_splits
 
 
-def _count_newlines_fn():
+def _count_newlines_fn(splits: list[readers.Split]):
     def count(batches):
         import pyarrow as pa
 
         for batch in batches:
-            rows = batch.to_pylist()
+            idx = batch.column("id").to_pylist()
             yield pa.RecordBatch.from_pydict({
-                "path": [r["path"] for r in rows],
-                "start": [r["start"] for r in rows],
-                "n": [readers.count_newlines(r["path"], r["start"], r["end"]) for r in rows],
+                "idx": idx,
+                "n": [readers.count_newlines(splits[i].path, splits[i].start, splits[i].end) for i in idx],
             })
     return count
 
 
-def _splits_df(spark, splits: list[readers.Split]):
-    rows = [s.to_dict() for s in splits]
-    rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
-    from pyspark.sql import Row
-
-    return spark.createDataFrame(rdd.map(lambda r: Row(**r)), SPLIT_SCHEMA)
+def _one_task_per_split(spark, n: int):
+    """A JVM-side DataFrame of split indices, one per partition (no Python needed to build it)."""
+    return spark.range(0, n, 1, numPartitions=max(1, n))
 
 
 def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) -> ComponentManifest:
@@ -94,14 +89,17 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
     with sw("number_lines"):
         ranged = [s for s in splits if s.format == "jsonl" and s.compression is None and s.end >= 0]
         if ranged:
-            counts = _splits_df(spark, ranged).mapInArrow(_count_newlines_fn(), "path string, start bigint, n bigint").collect()
-            splits = readers.number_lines(splits, {(r["path"], r["start"]): r["n"] for r in counts})
+            counts = (_one_task_per_split(spark, len(ranged))
+                      .mapInArrow(_count_newlines_fn(ranged), "idx bigint, n bigint").collect())
+            splits = readers.number_lines(
+                splits, {(ranged[r["idx"]].path, ranged[r["idx"]].start): r["n"] for r in counts})
     opts = readers.ReadOptions(text_field=source.text_field, id_field=source.id_field,
                                max_text_bytes=cfg.ingest.max_text_bytes, raw_prefix_chars=cfg.ingest.raw_prefix_chars)
     n_files = cio.n_files_for(sum(f.size for f in files), cfg.ingest.target_file_mb)
     tmp = cio.new_tmp_dir(final_dir)
     with sw("read"):
-        records = _splits_df(spark, splits).mapInArrow(_read_splits_fn(opts), readers.INGEST_SPARK_SCHEMA)
+        records = _one_task_per_split(spark, len(splits)).mapInArrow(_read_splits_fn(splits, opts),
+                                                                       readers.INGEST_SPARK_SCHEMA)
         records = records.persist(StorageLevel.MEMORY_AND_DISK)
         tally = {r["reason"]: (r["n"], r["lines"]) for r in
                  records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
@@ -116,23 +114,23 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta").sortWithinPartitions("id")
         good.write.mode("error").parquet(str(tmp))
         cio.rename_parts(tmp)
-        dup = (ranked.where(F.col("_rank") > 1)
-               .select(F.lit(None).cast("string").alias("id"), F.lit(None).cast("string").alias("text"), "source",
-                       F.lit(None).cast("map<string,string>").alias("meta"), "origin_file", "origin_line",
-                       F.lit("duplicate_id").alias("reason"),
-                       F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
-                       F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
-        bad = records.where(F.col("reason").isNotNull() & (F.col("reason") != BLANK)).unionByName(dup)
-        n_dup = dup.count()
+        n_written = cio.rows_written(tmp)
+        n_dup = int(tally.get(None, (0, 0))[0]) - n_written      # later occurrences of a repeated id
         reasons = {k: int(v[0]) for k, v in tally.items() if k is not None}
         if n_dup:
-            reasons["duplicate_id"] = int(n_dup)
+            reasons["duplicate_id"] = n_dup
         outputs = []
         if reasons:
-            cio.write_sorted_parquet(bad.drop("id", "text", "meta"), tmp / "_quarantine", max(1, n_files // 4),
+            dup = (ranked.where(F.col("_rank") > 1)
+                   .select("source", "origin_file", "origin_line", F.lit("duplicate_id").alias("reason"),
+                           F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
+                           F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
+            bad = (records.where(F.col("reason").isNotNull() & (F.col("reason") != BLANK))
+                   .drop("id", "text", "meta").unionByName(dup))
+            cio.write_sorted_parquet(bad, tmp / "_quarantine", max(1, n_files // 4),
                                      sort_cols=("origin_file", "origin_line"))
             outputs.append("_quarantine")
-    n_docs = int(tally.get(None, (0, 0))[0]) - int(n_dup)
+    n_docs = n_written
     counts = {
         "records": n_docs + sum(reasons.values()),
         "documents": n_docs,
