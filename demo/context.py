@@ -13,6 +13,8 @@ from typing import Any
 # chain the end-to-end test runs. Stages read their own keys with `ctx.size(key)`.
 PROFILES: dict[str, dict[str, Any]] = {
     "demo": {
+        # corpus + kaiyuan stages: raw text per source (about 14 MB), then ingest, dedup and scoring
+        "corpus_code_mb": 6.0, "corpus_prose_mb": 6.0, "corpus_math_problems": 10000,
         # tokenizer and mixtures stages: BPE vocab and sample, buckets K, window length, transition share
         "tokenizer_vocab": 4096, "tokenizer_docs": 4000, "mixtures_buckets": 16, "mixtures_seq_len": 256,
         "mixtures_transition_fraction": 0.1, "mixtures_holdout": 0.02,
@@ -24,6 +26,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "synth_domains_sql_n": 8, "synth_domains_tool_n": 8,
     },
     "ci": {
+        "corpus_code_mb": 0.5, "corpus_prose_mb": 0.5, "corpus_math_problems": 500,
         "tokenizer_vocab": 1024, "tokenizer_docs": 1000, "mixtures_buckets": 4, "mixtures_seq_len": 64,
         "proxy_base_steps": 6, "proxy_steps": 3, "proxy_eval_docs": 6, "proxy_seq_len": 64, "proxy_batch": 4,
         "proxy_eval_chars": 600,

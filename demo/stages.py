@@ -3,9 +3,10 @@ shown) and may define `summary(result) -> list[str]` for the final listing."""
 
 STAGES: list[tuple[str, str]] = [
     # (stage name, module)
+    ("corpus", "demo.corpus"),
+    ("kaiyuan", "demo.kaiyuan_stage"),
     ("synth", "demo.synth_stage"),
     ("synth_domains", "demo.synth_domains_stage"),
-    # ("kaiyuan", ...) goes here, before "tokenizer" (which trains on its components)
     ("tokenizer", "demo.tokenizer_stage"),
     ("proxy", "demo.proxy_stage"),
     ("mixtures", "demo.mixtures_stage"),
