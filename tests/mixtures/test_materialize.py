@@ -324,3 +324,34 @@ def test_aliases_of_one_source_share_the_held_out_set(components, tokenizer_json
     assert 80 < len(ev) < 160
     for name in ("p1-uniform", "p2-uniform"):
         assert not set(ev.doc_id) & set(_index(tmp_path / "o" / name).doc_id)
+
+
+def test_a_killed_run_resumes_without_redoing_tokenization(components, tokenizer_json, tmp_path, monkeypatch):
+    import mixtures.materialize as mm
+
+    spec = parse_spec(spec_dict(components, tokenizer_json))
+    real = mm.write_shard_file
+    calls = {"n": 0}
+
+    def dies_on_the_fifth_file(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(mm, "write_shard_file", dies_on_the_fifth_file)
+    with pytest.raises(KeyboardInterrupt):
+        materialize(spec, tmp_path / "o", progress=lambda m: None)
+    monkeypatch.setattr(mm, "write_shard_file", real)
+    # nothing half-written is visible; the token spill survived
+    assert not [p for p in (tmp_path / "o").iterdir() if not p.name.startswith(".")]
+    spills = list((tmp_path / "o").glob(".work-*/*/done.json"))
+    assert len(spills) == 3
+    stamps = {p: p.stat().st_mtime_ns for p in spills}
+    notes = []
+    materialize(spec, tmp_path / "o", progress=notes.append, keep_work=True)
+    assert not any(n.startswith("tokenized") for n in notes)        # the spill was reused
+    assert {p: p.stat().st_mtime_ns for p in spills} == stamps
+    assert sorted(p.name for p in (tmp_path / "o").iterdir() if not p.name.startswith(".")) == \
+        ["eval", "p1-uniform", "p2-curriculum", "p2-uniform"]
+    ShardSet.open(tmp_path / "o" / "p2-uniform", verify_hashes=True)
