@@ -24,6 +24,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "synth_teacher": "vllm", "synth_problems": 40, "synth_samples": 4,
         # synth_domains stage: text-to-SQL buckets and tool-use tasks against the same teacher
         "synth_domains_sql_n": 8, "synth_domains_tool_n": 8,
+        # trainer stage: tiny preset; phase 1, then UD/CD (decay) and CMA (decay to 80%, constant, 6-average)
+        "trainer_phase1_steps": 160, "trainer_phase2_steps": 80, "trainer_continue_steps": 40,
+        "trainer_avg_spacing": 8, "trainer_global_batch": 8, "trainer_eval_sequences": 48, "trainer_eval_every": 40,
     },
     "ci": {
         "corpus_code_mb": 0.5, "corpus_prose_mb": 0.5, "corpus_math_problems": 500,
@@ -32,6 +35,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "proxy_eval_chars": 600,
         "synth_teacher": "scripted", "synth_problems": 12, "synth_samples": 2, "synth_eval_problems": 50,
         "synth_domains_sql_n": 3, "synth_domains_tool_n": 3,
+        "trainer_phase1_steps": 8, "trainer_phase2_steps": 6, "trainer_continue_steps": 5,
+        "trainer_avg_spacing": 1, "trainer_global_batch": 4, "trainer_eval_sequences": 8, "trainer_eval_every": 4,
     },
 }
 

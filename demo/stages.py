@@ -10,4 +10,5 @@ STAGES: list[tuple[str, str]] = [
     ("tokenizer", "demo.tokenizer_stage"),
     ("proxy", "demo.proxy_stage"),
     ("mixtures", "demo.mixtures_stage"),
+    ("trainer", "demo.trainer_stage"),
 ]
