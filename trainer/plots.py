@@ -88,9 +88,14 @@ def plot_runs(runs: dict[str, str | os.PathLike], out: str | os.PathLike, title:
         color = f"C{i}"
         ax_lr.plot([r["step"] for r in train], [r["lr_base"] for r in train], color=color, label=name)
         ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], color=color, alpha=0.5, label=f"{name} train")
-        if evals:
-            ax_loss.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", color=color,
+        own = [r for r in evals if r.get("model") != "average"]
+        avg = [r for r in evals if r.get("model") == "average"]
+        if own:
+            ax_loss.plot([r["step"] for r in own], [r["eval_loss"] for r in own], "o-", color=color,
                          label=f"{name} held-out")
+        if avg:
+            ax_loss.plot([r["step"] for r in avg], [r["eval_loss"] for r in avg], "*", color=color, markersize=14,
+                         label=f"{name} average of checkpoints, held-out")
     ax_lr.set_ylabel("base learning rate")
     ax_loss.set_ylabel("loss")
     ax_loss.set_xlabel("step")

@@ -98,7 +98,15 @@ def bpe(tmp_path_factory):
     docs = tok.encode_batch([f"{t} ({i})" for i, t in enumerate(texts * 4)])
     write_token_lists(root / "train", docs, seq_len=32, tokenizer=tok.identity)
     write_token_lists(root / "heldout", docs[:20], seq_len=32, tokenizer=tok.identity)
-    return {"tokenizer": root / "tokenizer", "train": str(root / "train"), "heldout": str(root / "heldout"), "tok": tok}
+    # a phase-2 pool in two orders: "curriculum" (short documents first) and "uniform" (shuffled)
+    pool = docs[20:]
+    by_len = sorted(pool, key=len)
+    shuffled = [pool[i] for i in np.random.default_rng(5).permutation(len(pool))]
+    write_token_lists(root / "phase2-curriculum", by_len, seq_len=32, tokenizer=tok.identity)
+    write_token_lists(root / "phase2-uniform", shuffled, seq_len=32, tokenizer=tok.identity)
+    return {"tokenizer": root / "tokenizer", "train": str(root / "train"), "heldout": str(root / "heldout"),
+            "phase2-curriculum": str(root / "phase2-curriculum"), "phase2-uniform": str(root / "phase2-uniform"),
+            "tok": tok}
 
 
 @pytest.fixture(scope="session")
