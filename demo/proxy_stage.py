@@ -286,6 +286,8 @@ def run(ctx) -> dict[str, Any]:
     cfg = ProxyRunConfig(
         out=str(out / "run"), plan=str(out / "plan"), tokenizer=tok_spec, seq_len=seq_len, seed=seed,
         base={"components": [str(p) for _, p in sorted(components.items())], "steps": int(ctx.size("proxy_base_steps", 60)),
+              # the base sees a sample of every source (as much as its steps read), none of the slices
+              "sample_tokens": int(ctx.size("proxy_base_steps", 60)) * batch * seq_len,
               "global_batch": batch, "micro_batch": batch,
               "trainer": {"model": model, "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 5},
                           # several base checkpoints, so `python -m proxy_eval track` has windows to merge

@@ -162,10 +162,11 @@ def _component_arrays(component: Component, score_field: str | None, tokenizer: 
     return ids, n_tokens, scores, counted
 
 
-def _write_slice_component(component: Component, rows: np.ndarray, final_dir: Path, slice_name: str,
+def write_component_rows(component: Component, rows: np.ndarray, final_dir: Path, slice_name: str,
                            extra: dict, rows_per_file: int, counted_tokens: np.ndarray | None = None) -> None:
-    """Stream the component once and keep the selected rows (global row numbers, file order).
-    `counted_tokens`: per-row token counts to add as the `n_tokens` column (when the component had none)."""
+    """Write the selected rows (global row numbers) of a component as a new component, streaming it
+    once in file order. `counted_tokens`: per-row token counts to add as the `n_tokens` column (when
+    the component had none)."""
     selected = np.zeros(component.manifest.n_docs, dtype=bool)
     selected[rows] = True
     tmp = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}")
@@ -284,7 +285,7 @@ def make_plan(config: PlanConfig) -> SlicePlan:
             if config.write_slices:
                 rel = f"slices/{s.name}"
                 with sw(f"write.{s.name}"):
-                    _write_slice_component(component, keep_rows[sel.rows], out / rel, s.name,
+                    write_component_rows(component, keep_rows[sel.rows], out / rel, s.name,
                                            {"slice": s.model_dump(mode="json"), "rules": config.rules.model_dump(mode="json")},
                                            config.rows_per_file, all_tokens if counted else None)
             ps = PlannedSlice(
@@ -311,3 +312,44 @@ def make_plan(config: PlanConfig) -> SlicePlan:
     # the manifest is written last: its presence means every slice directory is complete
     plan.write(out)
     return plan
+
+
+def sample_component(component: Component, budget_tokens: int, out_dir: Path, seed: int, exclude: set[str],
+                     tokenizer: Any = None, name: str | None = None) -> Path:
+    """A seeded random sample of about `budget_tokens` tokens of a component (documents in a
+    seeded hash order, skipping `exclude`, until the budget is reached), written as a component.
+    Tokens are counted only for the documents looked at when the component has no `n_tokens`."""
+    from proxy_eval.slices import doc_hash_keys
+
+    ids = [str(x) for x in component.read(columns=["id"]).column("id").to_pylist()]
+    keys = doc_hash_keys(ids, seed, salt=f"sample:{component.name}")
+    order = [int(i) for i in np.argsort(keys, kind="stable") if ids[int(i)] not in exclude]
+    counted = "n_tokens" not in component.columns
+    if counted and tokenizer is None:
+        component.require_column("n_tokens", "sampling by tokens needs counts or a tokenizer")
+    tokens = np.zeros(len(ids), dtype=np.int64)
+    if not counted:
+        tokens[:] = component.read(columns=["n_tokens"]).column("n_tokens").fill_null(0).to_numpy(
+            zero_copy_only=False)
+        texts = None
+    else:
+        texts = component.read(columns=["text"]).column("text").to_pylist()
+    chosen: list[int] = []
+    total = 0
+    step = 256
+    for start in range(0, len(order), step):
+        chunk = order[start:start + step]
+        if counted:
+            for i, t in zip(chunk, tokenizer.encode_batch([texts[i] or "" for i in chunk])):
+                tokens[i] = len(t)
+        for i in chunk:
+            if total >= budget_tokens:
+                break
+            chosen.append(i)
+            total += int(tokens[i])
+        if total >= budget_tokens:
+            break
+    write_component_rows(component, np.array(sorted(chosen), dtype=np.int64), out_dir, name or component.name,
+                         {"sample_of": str(component.directory), "budget_tokens": budget_tokens, "seed": seed},
+                         50_000, tokens if counted else None)
+    return out_dir

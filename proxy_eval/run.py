@@ -53,6 +53,10 @@ class BaseSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     checkpoint: str | None = None
     components: list[str] = Field(default_factory=list)
+    # train on a seeded sample of this many tokens per component, disjoint from every planned slice
+    # and from the plan's excluded (eval) documents, instead of on whole components: the base has not
+    # seen the data the proxies measure, and only the sample is tokenized
+    sample_tokens: int | None = Field(None, gt=0)
     steps: int = Field(50, gt=0)
     global_batch: int = Field(8, gt=0)
     micro_batch: int = Field(8, gt=0)
@@ -233,6 +237,8 @@ class ProxyRunner:
         from common.component import Component
 
         comps = {Component.open(p).name: p for p in b.components}
+        if b.sample_tokens is not None:
+            comps = self.base_samples(comps, b.sample_tokens)
         spec = single_component_spec("proxy-base", comps, self.tokenizer, self.config.seq_len, self.config.seed, "base")
         self.progress(f"base: shard set from {len(comps)} component(s)")
         shards = materialize_shards(spec, base_dir / "shards", self.progress)
@@ -247,6 +253,35 @@ class ProxyRunner:
                              _merge({"data": {"loop": True}}, b.trainer), self.tokenizer, None, self.config.device)
         train(cfg)
         return ckpt.resolve_checkpoint(run_dir)
+
+    def base_samples(self, comps: dict[str, str], budget: int) -> dict[str, str]:
+        """Per component, a seeded sample disjoint from the plan's slices and excluded documents
+        (written once; reused while the plan is the same)."""
+        from common.component import Component
+        from mixtures.tokenizers import load_tokenizer
+        from proxy_eval.plan import read_id_list, sample_component
+
+        root = self.out / "base" / "sample"
+        key = config_hash({"plan": self.plan.config_hash, "budget": budget, "seed": self.config.seed,
+                           "components": comps, "tokenizer": self.tokenizer})
+        marker = root / "sample.json"
+        out = {name: str(root / name) for name in comps}
+        if marker.is_file() and json.loads(marker.read_text()).get("key") == key:
+            return out
+        exclude: set[str] = set()
+        for s in self.plan.slices:
+            if s.path:
+                d = self.plan.slice_dir(self.plan_dir, s.name)
+                exclude |= {str(x) for x in Component.open(d).read(columns=["id"]).column("id").to_pylist()}
+        if self.plan.config.get("exclude_ids"):
+            exclude |= read_id_list(self.plan.config["exclude_ids"])
+        tok = load_tokenizer(self.tokenizer)
+        for name, path in comps.items():
+            sample_component(Component.open(path), budget, root / name, self.config.seed, exclude, tok, name=name)
+        atomic.write_json(marker, {"key": key, "budget_tokens": budget, "excluded_docs": len(exclude)})
+        self.progress(f"base: samples of {budget:,} tokens from {len(comps)} component(s), "
+                      f"disjoint from {len(exclude):,} slice/eval documents")
+        return out
 
     # -- slices --
     def slice_dir(self, name: str) -> Path:

@@ -52,7 +52,7 @@ def setup(tmp_path_factory, tokenizer_dir):
     cfg = ProxyRunConfig(
         out=str(root / "run"), plan=str(plan_dir), tokenizer={"kind": "hf", "path": str(tokenizer_dir / "tokenizer.json")},
         seq_len=32, base={"components": [str(web), str(code)], "steps": 2, "global_batch": 2, "micro_batch": 2,
-                          "trainer": tiny},
+                          "sample_tokens": 500, "trainer": tiny},
         continuation={"steps": "auto", "max_steps": 2, "global_batch": 2, "micro_batch": 2,
                       "trainer": {"schedule": {"kind": "constant", "lr": 1e-3}}},
         suite=suite, eval_batch_size=4)
@@ -84,6 +84,18 @@ def test_proxy_run_trains_evaluates_profiles_and_resumes(setup, monkeypatch):
     for s in manifest.slices:
         st = ckpt.read_state(s["checkpoint"])
         assert st.step == 2 and st.config["init_from"]["path"] == manifest.base_checkpoint
+
+    # the base trained on samples disjoint from every slice
+    from common.component import Component
+
+    sample_ids = set()
+    for name in ("web", "code"):
+        comp = Component.open(f"{out}/base/sample/{name}")
+        assert 500 <= comp.manifest.n_tokens < 500 + 200
+        sample_ids |= set(comp.read(columns=["id"]).column("id").to_pylist())
+    for s in manifest.slices:
+        slice_ids = set(Component.open(f"{setup.plan}/slices/{s['slice']}").read(columns=["id"]).column("id").to_pylist())
+        assert not slice_ids & sample_ids
 
     # a rerun does no work at all
     calls.clear()
