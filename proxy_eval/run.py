@@ -200,6 +200,26 @@ def trainer_config(run_dir: Path, shards: Path, steps: int, global_batch: int, m
     return load_run_config(None, data=merged)
 
 
+RUN_KEY = "proxy-run-key.json"
+
+
+def claim_run_dir(run_dir: Path, key: str, progress: Callable[[str], None]) -> None:
+    """Make `run_dir` a trainer run directory for exactly this configuration and data: a directory
+    left by another configuration (or by an older version, without a key) is removed, so the
+    trainer never resumes a run of different data or settings; one with the same key is resumed."""
+    import shutil
+
+    marker = run_dir / RUN_KEY
+    if run_dir.exists():
+        found = json.loads(marker.read_text()).get("key") if marker.is_file() else None
+        if found == key:
+            return
+        progress(f"{run_dir}: made for another configuration or data; starting it again")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    atomic.write_json(marker, {"key": key})
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
@@ -243,6 +263,11 @@ class ProxyRunner:
         self.progress(f"base: shard set from {len(comps)} component(s)")
         shards = materialize_shards(spec, base_dir / "shards", self.progress)
         run_dir = base_dir / "train"
+        from mixtures import ShardSet
+
+        key = config_hash({"base": b.model_dump(mode="json"), "seq_len": self.config.seq_len, "seed": self.config.seed,
+                           "tokenizer": self.tokenizer, "data": ShardSet.open(shards).manifest.set_digest})
+        claim_run_dir(run_dir, key, self.progress)
         done = ckpt.latest_checkpoint(run_dir / "checkpoints")
         if done is not None and ckpt.read_state(done).step >= b.steps:
             return done
@@ -325,6 +350,9 @@ class ProxyRunner:
         shards = self.materialize_slice(name)
         cont = self.config.continuation
         run_dir = d / "train"
+        key = config_hash({"config": self.slice_config(name, base, steps),
+                           "inputs": [(i.path, i.digest) for i in self.slice_inputs(name, base)]})
+        claim_run_dir(run_dir, key, self.progress)
         last = ckpt.latest_checkpoint(run_dir / "checkpoints")
         if last is None or ckpt.read_state(last).step < steps:
             self.progress(f"{name}: continuing the base for {steps} steps")

@@ -178,3 +178,24 @@ def test_parallel_workers_give_the_same_profile(setup, tmp_path):
         b = json.loads(open(f"{cfg.out}/slices/{s}/eval/results.json").read())["tasks"]
         assert [t["value"] for t in a] == pytest.approx([t["value"] for t in b], abs=1e-6)
         assert (tmp_path / "par" / "slices" / s / "worker.log").is_file()
+
+
+def test_changed_settings_retrain_instead_of_resuming_stale_runs(setup, monkeypatch):
+    """A slice whose continuation settings changed is retrained from the base (its old trainer run
+    is not resumed); the base, unchanged, is reused."""
+    import trainer.train as tt
+
+    ProxyRunner(setup).run()
+    calls = []
+    real_train = tt.train
+    monkeypatch.setattr(tt, "train", lambda cfg: calls.append(cfg.run_dir) or real_train(cfg))
+    cont = setup.continuation.model_copy(update={"trainer": {"schedule": {"kind": "constant", "lr": 5e-4}}})
+    changed = setup.model_copy(update={"continuation": cont, "evaluate_base": False})
+    m = ProxyRunner(changed).run()
+    assert m.counts["rerun"] == 3
+    assert sorted(calls) == sorted(f"{setup.out}/slices/{s}/train" for s in
+                                   ("web.q00-from-best", "web.q50-from-best", "code.random"))
+    from trainer import checkpoint as ckpt
+
+    st = ckpt.read_state(m.slices[0]["checkpoint"])
+    assert st.config["schedule"]["lr"] == 5e-4 and st.step == m.steps
