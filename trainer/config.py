@@ -111,6 +111,12 @@ class InitFrom(_Strict):
     continue_data: bool = False               # keep reading the same stream from its cursor
     reset_step: bool = False                  # count steps from 0 instead of continuing the counter
 
+    @model_validator(mode="after")
+    def _check(self) -> "InitFrom":
+        if self.path == "REQUIRED":
+            raise ValueError("set init_from.path to the checkpoint to start from (the preset leaves it open)")
+        return self
+
 
 class AverageSection(_Strict):
     """Build the CMA model at the end of the run: the equal-weight average of the last `n`

@@ -187,6 +187,8 @@ def test_config_errors_name_the_field(shard_sets, tmp_path):
         load_run_config(None, data=run_config(tmp_path, shard_sets, **{"average": {"n": 2, "spacing": 3}}))
     with pytest.raises(ContractError, match="unknown preset"):
         load_run_config(None, data=run_config(tmp_path, shard_sets, **{"model.preset": "huge"}))
+    with pytest.raises(ContractError, match="init_from.path"):
+        load_run_config(None, data=dict(run_config(tmp_path, shard_sets), extends="sft-puro"))
     cfg = run_config(tmp_path / "long", shard_sets, **{"train.steps": 10_000})
     with pytest.raises(ValueError, match="global batches"):
         train(load_run_config(None, data=cfg))
