@@ -50,6 +50,8 @@ class Dist:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device_pref.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"device: {device_pref} was asked for, but CUDA is not available here")
         cuda = torch.cuda.is_available() and device_pref in ("auto", "cuda")
         if device_pref.startswith("cuda:"):
             self.device = torch.device(device_pref)
@@ -391,6 +393,8 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
         model_cfg = ModelConfig.model_validate(ref_state.model)
         if model_cfg.vocab_size != vocab:
             raise ValueError(f"checkpoint vocabulary {model_cfg.vocab_size} != data vocabulary {vocab}")
+        if model_cfg.max_seq_len < seq_len:           # RoPE tables are not weights: just make them longer
+            model_cfg = model_cfg.model_copy(update={"max_seq_len": seq_len})
     else:
         model_cfg = cfg.model.build(vocab, seq_len)
     torch.manual_seed(cfg.seed)
