@@ -395,7 +395,8 @@ class ProxyRunner:
 
     def base_results(self, base: Path) -> list[dict[str, Any]]:
         path = self.out / "base" / "eval" / "results.json"
-        key = config_hash({"base": str(base), "suite": self.suite.model_dump(mode="json")})
+        key = config_hash({"base": [(i.path, i.digest) for i in fingerprints([base / "state.json", base / "model.safetensors"])],
+                           "suite": self.suite.model_dump(mode="json"), "eval_batch_size": self.config.eval_batch_size})
         if path.is_file():
             raw = json.loads(path.read_text())
             if raw.get("key") == key:

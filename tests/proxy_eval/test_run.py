@@ -199,3 +199,11 @@ def test_changed_settings_retrain_instead_of_resuming_stale_runs(setup, monkeypa
 
     st = ckpt.read_state(m.slices[0]["checkpoint"])
     assert st.config["schedule"]["lr"] == 5e-4 and st.step == m.steps
+
+
+def test_a_retrained_base_is_evaluated_again(setup):
+    cfg = setup.model_copy(update={"base": setup.base.model_copy(update={"steps": 3})})
+    before = json.loads(open(f"{setup.out}/base/eval/results.json").read())["rows"]
+    ProxyRunner(cfg).run()
+    after = json.loads(open(f"{setup.out}/base/eval/results.json").read())["rows"]
+    assert [r["value"] for r in before] != [r["value"] for r in after]
