@@ -86,11 +86,15 @@ $(VLLM_STAMP):
 	@touch $(VLLM_STAMP)
 
 # llama.cpp's server (llama-cpp-python, a ~4 minute source build): light, one request at a time.
+# Built for portable x86-64 AVX2, not -march=native: on Xeon hosts with AMX the native build takes
+# llama.cpp's AMX path, which segfaults on the first token here (SIGSEGV in and out of the server).
+# --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an earlier native build.
+LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 llamacpp-env: setup $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP):
 	@test -x $(LLAMACPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMACPP_VENV)
 	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP_VENV)/bin/python -m pip install -q llama-cpp-python==0.3.36 \
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP_VENV)/bin/python -m pip install -q --no-cache-dir llama-cpp-python==0.3.36 \
 	  uvicorn fastapi pydantic-settings sse-starlette 'starlette-context<0.4' PyYAML
 	@touch $(LLAMACPP_STAMP)

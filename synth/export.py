@@ -79,7 +79,7 @@ def export_records(records: list[SynthRecord], out_dir: str | os.PathLike,
     unknown = set(formats) - {"jsonl", "parquet", "datasets"}
     if unknown:
         raise ValueError(f"unknown export formats {sorted(unknown)} (jsonl, parquet, datasets)")
-    splits = split_records(records)
+    splits = split_records(records) or {"train": []}      # nothing accepted: an empty train split, not none
     files: dict[str, dict[str, Any]] = {}
     for split, recs in sorted(splits.items()):
         if "jsonl" in formats:
@@ -132,7 +132,13 @@ def load_export(path: str | os.PathLike) -> Any:
                             field="record_schema")
     if not (path / "dataset").is_dir():
         raise ContractError(path, "export has no `dataset` directory (exported without the datasets format)")
-    dd = datasets.load_from_disk(str(path / "dataset"))
+    parts = {}
+    for split, n_rows in manifest["splits"].items():
+        if n_rows == 0:         # datasets cannot load a saved zero-row split; it is the schema and nothing else
+            parts[split] = datasets.Dataset(RECORD_ARROW_SCHEMA.empty_table())
+        else:
+            parts[split] = datasets.load_from_disk(str(path / "dataset" / split))
+    dd = datasets.DatasetDict(parts)
     for split, ds in dd.items():
         want = set(RECORD_ARROW_SCHEMA.names)
         have = set(ds.column_names)

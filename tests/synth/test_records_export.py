@@ -72,3 +72,11 @@ def test_export_jsonl_parquet_datasets_and_load(tmp_path):
     (tmp_path / "ex" / "export_manifest.json").write_text(json.dumps({"schema": "synth-export/0"}))
     with pytest.raises(ContractError, match="schema"):
         load_export(tmp_path / "ex")
+
+
+def test_an_export_with_nothing_accepted_is_an_empty_train_split(tmp_path):
+    m = export_records([], tmp_path / "ex")
+    assert m["splits"] == {"train": 0}
+    dd = load_export(tmp_path / "ex")
+    assert len(dd["train"]) == 0 and "messages" in dd["train"].column_names
+    assert (tmp_path / "ex" / "train.jsonl").read_text() == ""
