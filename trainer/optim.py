@@ -185,6 +185,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
         self.rule, self.ns_steps, self.ns_coeffs = rule, ns_steps, tuple(ns_coeffs)
         self.ns_dtype, self.muon_scale, self.distribute = ns_dtype, muon_scale, distribute
         self.last_effective_lr: dict[str, list[float]] = {}
+        self.measure = True                   # measure rho this step (a host sync; the loop turns it off)
         if rule == "muonh":
             self._init_radius()
 
@@ -261,10 +262,11 @@ class MatrixOptimizer(torch.optim.Optimizer):
                 W_new, disp = muon_update(W, u, lrs, wds)
             else:
                 W_new, disp = elr_aligned_update(W, u, lrs, wds)
-            rho = effective_lr(disp, W).tolist()
-            for (g, p), w_new, r in zip(items, W_new.unbind(0), rho):
+            for (g, p), w_new in zip(items, W_new.unbind(0)):
                 p.copy_(w_new)
-                self.last_effective_lr.setdefault(g["name"], []).append(r)
+            if self.measure:
+                for (g, _), r in zip(items, effective_lr(disp, W).tolist()):
+                    self.last_effective_lr.setdefault(g["name"], []).append(r)
         return None
 
 
@@ -298,6 +300,11 @@ class CombinedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=set_to_none)
+
+    def measure_effective_lr(self, on: bool) -> None:
+        opt = self.optimizers.get("matrix")
+        if opt is not None:
+            opt.measure = on
 
     @property
     def effective_lr(self) -> dict[str, list[float]]:

@@ -161,7 +161,7 @@ def micro_loss_sum(model, mb: MicroBatch, use_doc_mask: bool) -> tuple[torch.Ten
 
 def zero_grad_fractions(model: torch.nn.Module) -> dict[str, float]:
     """Fraction of exactly-zero gradient entries per layer (embed, layers.i, norm, lm_head)."""
-    zeros: dict[str, int] = {}
+    zeros: dict[str, torch.Tensor] = {}
     total: dict[str, int] = {}
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -173,9 +173,10 @@ def zero_grad_fractions(model: torch.nn.Module) -> dict[str, float]:
             key = "embed" if parts[1] == "embed_tokens" else parts[1]
         else:
             key = parts[0]
-        zeros[key] = zeros.get(key, 0) + int((p.grad == 0).sum().item())
+        zeros[key] = zeros.get(key, 0) + (p.grad == 0).sum()
         total[key] = total.get(key, 0) + p.grad.numel()
-    return {k: zeros[k] / total[k] for k in total}
+    counts = torch.stack([torch.as_tensor(zeros[k]) for k in total]).tolist() if total else []   # one host sync
+    return {k: c / total[k] for k, c in zip(total, counts)}
 
 
 @torch.no_grad()
@@ -483,7 +484,9 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
         local_count = sum(mb.n_loss_tokens for mb in micro)
         (global_count,) = dist_.all_reduce_sum([float(local_count)])
         denom = max(global_count, 1.0)
-        loss_sum_local = 0.0
+        detail = (step + 1) % cfg.log.detail_every == 0
+        optimizer.measure_effective_lr(detail)
+        loss_sum_local = torch.zeros((), dtype=torch.float64, device=device)
         for i, mb in enumerate(micro):
             mb = mb.to(device)
             sync = dist_.world == 1 or i == len(micro) - 1
@@ -493,10 +496,9 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
                     s, _ = micro_loss_sum(train_model, mb, use_doc_mask)
                 # DDP averages gradients over ranks; scale so the result is sum / global count
                 (s * (dist_.world / denom)).backward()
-            loss_sum_local += float(s.detach())
-        (loss_sum,) = dist_.all_reduce_sum([loss_sum_local])
+            loss_sum_local += s.detach()
+        (loss_sum,) = dist_.all_reduce_sum([float(loss_sum_local)])
         loss = loss_sum / denom
-        detail = (step + 1) % cfg.log.detail_every == 0
         zero_frac = zero_grad_fractions(model) if detail and dist_.is_main else None
         if cfg.optim.grad_clip:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip))
