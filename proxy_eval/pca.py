@@ -146,7 +146,8 @@ def biplot(result: PCAResult, out: str | Path, title: str = "Capability profiles
         lx = result.loadings[i, 0] * scale
         ly = (result.loadings[i, 1] if k > 1 else 0.0) * scale
         ax.annotate("", xy=(lx, ly), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="#c53030", lw=1.6))
-        ax.text(lx * 1.08, ly * 1.08, v, color="#c53030", fontsize=10, fontweight="bold", ha="center", va="center")
+        ax.text(lx * 1.1, ly * 1.1, v, color="#c53030", fontsize=10, fontweight="bold", ha="center", va="center",
+                bbox=dict(facecolor="white", alpha=0.75, edgecolor="none", pad=1.0), zorder=4)
     evr = result.explained_variance_ratio
     ax.set_xlabel(f"PC1 ({100 * evr[0]:.1f}% of variance)")
     ax.set_ylabel(f"PC2 ({100 * evr[1]:.1f}% of variance)" if k > 1 else "PC2 (none)")
