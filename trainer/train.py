@@ -205,6 +205,8 @@ class MetricsLog:
         self.enabled = enabled
         self.tb = None
         self.last_eval_step: int | None = None
+        self.last_eval: dict[str, Any] | None = None           # the newest eval record of the model
+        self.last_average_eval: dict[str, Any] | None = None   # and of the CMA average
         if not enabled:
             return
         keep = []
@@ -216,8 +218,10 @@ class MetricsLog:
                     continue                              # a line cut by a kill
                 if rec.get("step", 0) <= keep_up_to_step:
                     keep.append(line)
-                    if rec.get("kind") == "eval":
-                        self.last_eval_step = rec["step"]
+                    if rec.get("kind") == "eval" and rec.get("model") == "average":
+                        self.last_average_eval = rec
+                    elif rec.get("kind") == "eval":
+                        self.last_eval_step, self.last_eval = rec["step"], rec
         atomic.write_text(self.path, "".join(l + "\n" for l in keep))
         self.fh = open(self.path, "a", encoding="utf-8")
         if tensorboard:
@@ -435,7 +439,7 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
 
     use_doc_mask = cfg.data.document_mask
     accum = g // (mbs * dist_.world)
-    last_eval: dict[str, float] | None = None
+    last_eval: dict[str, float] | None = metrics.last_eval
     last_eval_step = metrics.last_eval_step
     schedule_state = lambda s: ckpt.ScheduleState(  # noqa: E731
         config=schedule_cfg.model_dump(mode="json"), start_step=start_step, total_steps=total_steps,
@@ -532,7 +536,11 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
     if (cfg.checkpoint.at_end or cfg.average is not None) and not ckpt_has(ckpt_dir, step):
         save(step)
     average_dir = average_eval = None
-    if cfg.average is not None:
+    done_avg = metrics.last_average_eval
+    if cfg.average is not None and done_avg is not None and done_avg["step"] == step \
+            and (run_dir / "average" / ckpt.STATE).is_file():
+        average_dir, average_eval = run_dir / "average", done_avg      # a finished run, started again
+    elif cfg.average is not None:
         average_dir, average_eval = build_average(cfg, run_dir, ckpt_dir, train_model, model, eval_factory, dist_,
                                                   precision, use_doc_mask)
         if average_eval is not None:

@@ -101,3 +101,6 @@ def test_cma_run_holds_the_rate_and_averages_its_last_checkpoints(shard_sets, ph
     assert len(avg_eval) == 1 and avg_eval[0]["eval_loss"] == summary["average_eval_loss"]
     evals = [r["eval_loss"] for r in recs if r["kind"] == "eval" and "model" not in r]
     assert evals[-1] < evals[0]                                                # phase 2 did train
+    again = train(cfg)                                                         # a finished run started again
+    assert again["average_eval_loss"] == summary["average_eval_loss"] and again["eval_loss"] == summary["eval_loss"]
+    assert (tmp_path / "cma" / "metrics.jsonl").read_text().splitlines() == [json.dumps(r, sort_keys=True) for r in recs]
