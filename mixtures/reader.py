@@ -85,6 +85,9 @@ class ShardReader:
         self.seq_len = int(seq_len or self.manifest.seq_len)
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {self.seq_len}")
+        if self.manifest.kind == "sft" and self.seq_len != self.manifest.seq_len:
+            raise ValueError(f"{path}: SFT conversations are packed whole into windows of {self.manifest.seq_len} "
+                             f"tokens; reading them with seq_len {self.seq_len} would cut them (re-pack instead)")
         self.global_batch_size = global_batch_size
         self.rank, self.world_size = rank, world_size
         self.local_batch_size = global_batch_size // world_size

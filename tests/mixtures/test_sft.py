@@ -79,6 +79,8 @@ def test_sft_shards_pack_whole_conversations(tmp_path, tokenizer_json):
         assert "<|im_start|>" not in target_text and "detailed thinking" not in target_text
         n_targets += int(lm.sum())
     assert n_targets == m.counts["n_loss_tokens"]
+    with pytest.raises(ValueError, match="packed whole into windows of 256"):
+        ShardReader(tmp_path / "sft", global_batch_size=1, seq_len=128)
     # deterministic: the same config writes the same bytes
     m2 = materialize_sft(cfg, tmp_path / "sft2", progress=lambda s: None)
     assert m2.set_digest == m.set_digest
