@@ -159,6 +159,10 @@ def run(ctx: Any) -> dict[str, Any]:
             step["n"] = n_samples
             # the 135M teacher is most often right at a low temperature; recorded on every record
             step["params"] = dict(step["params"], temperature=0.3, max_tokens=160 if step["mode"] == "on" else 64)
+            if step["mode"] == "on":
+                # the 135M teacher rarely opens a think block by itself: start the turn with one
+                # (vLLM continue_final_message); it must still close it and answer to pass
+                step["prefill"] = "<think>\n"
     data["post"] = [{"kind": "clean", "n": 13,
                      "evals": [{"name": "demo-math-test", "path": str(eval_path), "fields": ["question"]}]}]
 

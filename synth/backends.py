@@ -141,16 +141,151 @@ class VllmBackend:
             except TimeoutError:
                 pass
             live = [(r, f) for r, f in batch if not f.cancelled()]
-            if not live:
-                continue
+            # an assistant prefill is a chat-level option of LLM.chat, so such requests go in their own call
+            groups: dict[bool, list[tuple[ChatRequest, asyncio.Future[ChatResult]]]] = {}
+            for r, f in live:
+                groups.setdefault(bool(r.params.get("continue_final_message")), []).append((r, f))
+            for prefill, members in sorted(groups.items()):
+                await self._generate(members, prefill)
+
+    async def complete(self, req: ChatRequest) -> ChatResult: ...
+    async def close(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+class HttpBackend:
+    def __init__(self, cfg: TeacherConfig, seed: int = 0):
+        self.cfg = cfg
+        self.client = ChatClient(cfg, seed=seed)
+
+    async def start(self) -> None:
+        await self.client.wait_ready()
+
+    async def complete(self, req: ChatRequest) -> ChatResult:
+        return await self.client.complete(req)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def stats(self) -> dict[str, Any]:
+        return self.client.stats()
+
+
+# ---- in-process vLLM --------------------------------------------------------------------------
+
+VLLM_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "presence_penalty",
+                      "frequency_penalty", "repetition_penalty", "min_p")
+
+
+def vllm_sampling_kwargs(req: ChatRequest) -> dict[str, Any]:
+    """`vllm.SamplingParams(**kwargs)` for a request: the same knobs the HTTP body carries.
+    `logprobs=k` in vLLM returns the sampled token's logprob plus the top k (k=0: sampled only)."""
+    kw = {k: req.params[k] for k in VLLM_SAMPLING_KEYS if req.params.get(k) is not None}
+    if req.seed is not None:
+        kw["seed"] = req.seed
+    if req.logprobs:
+        kw["logprobs"] = int(req.top_logprobs or 0)
+    return kw
+
+
+def result_from_vllm_output(output: Any, model: str, top_logprobs: bool) -> ChatResult:
+    """A `vllm.RequestOutput` (duck-typed) as a ChatResult: the engine's own token ids, and for
+    each sampled token the logprob vLLM reports for that id."""
+    comp = output.outputs[0]
+    ids = [int(t) for t in (comp.token_ids or [])]
+    tokens = lps = None
+    if comp.logprobs is not None:
+        tokens, lps = [], []
+        for tid, entry in zip(ids, comp.logprobs):
+            lp = entry.get(tid) if isinstance(entry, dict) else None
+            tokens.append(getattr(lp, "decoded_token", None) or "")
+            lps.append(float(lp.logprob) if lp is not None else math.nan)
+    prompt_ids = list(getattr(output, "prompt_token_ids", None) or [])
+    return ChatResult(content=comp.text, finish_reason=comp.finish_reason, prompt_tokens=len(prompt_ids),
+                      completion_tokens=len(ids), tokens=tokens, logprobs=lps, token_ids=ids,
+                      prompt_token_ids=prompt_ids or None, model=model, endpoint="vllm-inprocess")
+
+
+class VllmBackend:
+    """vLLM in-process. Requests are gathered for `batch_window_s` (or until `max_batch`) and run
+    as one `LLM.chat` call in a worker thread, so the engine sees the concurrency it batches on.
+
+    `llm_factory` builds the engine (default: `vllm.LLM(model=cfg.model, **cfg.vllm_engine_args)`);
+    tests inject a stand-in, since vLLM's GPU build cannot run on a CPU-only machine.
+    """
+
+    def __init__(self, cfg: TeacherConfig, llm_factory: Callable[[], Any] | None = None,
+                 max_batch: int = 256, batch_window_s: float = 0.02):
+        self.cfg = cfg
+        self._factory = llm_factory
+        self._llm: Any = None
+        self._sp_cls: Any = None
+        self._structured_cls: Any = None
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self._queue: asyncio.Queue[tuple[ChatRequest, asyncio.Future[ChatResult]]] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.n_requests = 0
+        self.n_batches = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    async def start(self) -> None:
+        if self._factory is None:
+            try:
+                vllm = importlib.import_module("vllm")
+            except ImportError as e:
+                raise RuntimeError("backend 'vllm' needs vLLM in this environment: pip install 'purokit[vllm]' "
+                                   f"on a GPU host, or use backend 'openai' against a vLLM server ({e})") from None
+            self._sp_cls = vllm.SamplingParams
+            try:
+                self._structured_cls = importlib.import_module("vllm.sampling_params").StructuredOutputsParams
+            except (ImportError, AttributeError):
+                self._structured_cls = None
+            self._llm = await asyncio.to_thread(lambda: vllm.LLM(model=self.cfg.model, **self.cfg.vllm_engine_args))
+        else:
+            made = self._factory()
+            self._llm, self._sp_cls = made if isinstance(made, tuple) else (made, dict)
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._run())
+
+    def sampling_params(self, req: ChatRequest) -> Any:
+        kw = vllm_sampling_kwargs(req)
+        if req.json_schema is not None and self._structured_cls is not None:
+            kw["structured_outputs"] = self._structured_cls(json=req.json_schema)
+        return self._sp_cls(**kw)
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            try:
+                async with asyncio.timeout(self.batch_window_s):
+                    while len(batch) < self.max_batch:
+                        batch.append(await self._queue.get())
+            except TimeoutError:
+                pass
+            live = [(r, f) for r, f in batch if not f.cancelled()]
+            # an assistant prefill is a chat-level option of LLM.chat, so such requests go in their own call
+            groups: dict[bool, list[tuple[ChatRequest, asyncio.Future[ChatResult]]]] = {}
+            for r, f in live:
+                groups.setdefault(bool(r.params.get("continue_final_message")), []).append((r, f))
+            for prefill, members in sorted(groups.items()):
+                await self._generate(members, prefill)
+
+    async def _generate(self, live: list[tuple[ChatRequest, "asyncio.Future[ChatResult]"]], prefill: bool) -> None:
+            chat_kw: dict[str, Any] = {"use_tqdm": False}
+            if prefill:
+                chat_kw.update(continue_final_message=True, add_generation_prompt=False)
             try:
                 outs = await asyncio.to_thread(self._llm.chat, [r.messages for r, _ in live],
-                                               [self.sampling_params(r) for r, _ in live], use_tqdm=False)
+                                               [self.sampling_params(r) for r, _ in live], **chat_kw)
             except Exception as e:          # the whole batch failed: every caller sees why
                 for _, f in live:
                     if not f.done():
                         f.set_exception(RuntimeError(f"vLLM in-process generation failed: {e}"))
-                continue
+                return
             self.n_batches += 1
             for (r, f), out in zip(live, outs):
                 res = result_from_vllm_output(out, self.cfg.model, bool(r.top_logprobs))

@@ -306,7 +306,14 @@ class FakeOpenAIServer:
 
     def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
         out = self.responder(req)
-        return {"content": out} if isinstance(out, str) else dict(out)
+        ans = {"content": out} if isinstance(out, str) else dict(out)
+        msgs = req.get("messages") or []
+        if req.get("continue_final_message") and msgs and msgs[-1].get("role") == "assistant":
+            # the reply continues the given start of the assistant turn (vLLM semantics)
+            start = msgs[-1].get("content") or ""
+            if ans["content"].startswith(start):
+                ans["content"] = ans["content"][len(start):]
+        return ans
 
     def _logprobs(self, req: dict[str, Any], tokens: list[str]) -> dict[str, Any] | None:
         if not req.get("logprobs"):

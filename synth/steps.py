@@ -79,6 +79,9 @@ class Generate(Step):
         system: str | None = None
         template: str = "{prompt}"
         fewshot: list[dict[str, str]] = Field(default_factory=list)   # [{user, assistant}] shown to the teacher only
+        # start of the assistant turn, continued by the teacher (vLLM/SGLang `continue_final_message`);
+        # it is part of the response text recorded (e.g. "<think>\n" for a teacher that needs a push)
+        prefill: str | None = None
         n: int = 1
         params: dict[str, Any] = Field(default_factory=dict)
         logprobs: bool = False
@@ -107,14 +110,22 @@ class Generate(Step):
                 raise ValueError(f"step {self.name}: each fewshot item needs exactly `user` and `assistant`")
             msgs += [{"role": "user", "content": shot["user"]}, {"role": "assistant", "content": shot["assistant"]}]
         msgs.append({"role": "user", "content": _format(self.cfg.template, row.fields)})
+        if self.cfg.prefill:
+            msgs.append({"role": "assistant", "content": self.cfg.prefill})
         return msgs
+
+    def params(self) -> dict[str, Any]:
+        p = dict(self.cfg.params)
+        if self.cfg.prefill:
+            p.update(continue_final_message=True, add_generation_prompt=False)
+        return p
 
     async def apply(self, row: Row) -> None:
         role = self.role_for(row)
         backend = self.env.backend(role)
         tcfg = backend.cfg
         msgs = self.messages(row)
-        reqs = [ChatRequest(messages=msgs, params=dict(self.cfg.params),
+        reqs = [ChatRequest(messages=msgs, params=self.params(),
                             seed=derive_seed(self.env.seed, row.id, self.cfg.field, i),
                             logprobs=self.cfg.logprobs, top_logprobs=self.cfg.top_logprobs,
                             return_token_ids=self.cfg.return_token_ids, json_schema=self.cfg.json_schema)
@@ -133,7 +144,8 @@ class Generate(Step):
             row.usage["prompt_tokens"] += res.prompt_tokens
             row.usage["completion_tokens"] += res.completion_tokens
             cands.append(Candidate(
-                field=self.cfg.field, index=len(cands), text=res.content, teacher_role=role, mode=self.cfg.mode,
+                field=self.cfg.field, index=len(cands), text=(self.cfg.prefill or "") + res.content,
+                teacher_role=role, mode=self.cfg.mode,
                 result=res,
                 teacher={"model": tcfg.model, "role": role, "engine": tcfg.engine, "temperature": p.get("temperature"),
                          "top_p": p.get("top_p"), "top_k": p.get("top_k"), "max_tokens": p.get("max_tokens"),

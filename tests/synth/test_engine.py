@@ -243,9 +243,11 @@ class StandInLLM:
 
     def __init__(self):
         self.calls: list[int] = []
+        self.chat_kw: list[dict] = []
 
-    def chat(self, messages, sampling_params, use_tqdm=False):
+    def chat(self, messages, sampling_params, use_tqdm=False, **chat_kw):
         self.calls.append(len(messages))
+        self.chat_kw.append(chat_kw)
         outs = []
         for msgs, sp in zip(messages, sampling_params):
             ids = [100 + sp["seed"] % 7, 200]
@@ -273,6 +275,21 @@ def test_vllm_backend_adapter_batches_and_maps_outputs(tmp_path):
     assert sum(llm.calls) == 10 and len(llm.calls) < 10                  # batched, not one call per request
     assert out[3].token_ids == [103, 200] and out[3].logprobs == [-0.5, -0.1] and out[3].prompt_token_ids == [1, 2, 3]
     assert again.cached and again.token_ids == [100, 200]
+    assert all(kw == {} for kw in llm.chat_kw)
+
+    pre = ChatRequest(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\n"}],
+                      params={"continue_final_message": True, "add_generation_prompt": False}, seed=50)
+    plain = ChatRequest(messages=[{"role": "user", "content": "q"}], seed=51)
+    llm2 = StandInLLM()
+    b2 = VllmBackend(cfg, llm_factory=lambda: (llm2, dict))
+
+    async def mixed():
+        await b2.start()
+        out = await asyncio.gather(b2.complete(pre), b2.complete(plain))
+        await b2.close()
+        return out
+    asyncio.run(mixed())
+    assert sorted(map(sorted, llm2.chat_kw)) == [[], ["add_generation_prompt", "continue_final_message"]]
     assert vllm_sampling_kwargs(reqs[0]) == {"temperature": 1.0, "max_tokens": 8, "seed": 0, "logprobs": 0}
     res = result_from_vllm_output(SimpleNamespace(outputs=[SimpleNamespace(text="x", token_ids=[5], logprobs=None,
                                                                             finish_reason="length")]), "m", False)
@@ -352,3 +369,16 @@ def test_a_prompt_that_keeps_failing_is_retried_by_the_next_run(fake_server, tmp
     assert res2.manifest.status == "complete" and good.stats.n_requests == 2          # p3: on + off
     run(gen(cfg2), tmp_path / "clean", progress=False)
     assert (tmp_path / "r" / "records.jsonl").read_bytes() == (tmp_path / "clean" / "records.jsonl").read_bytes()
+
+
+def test_assistant_prefill_is_continued_and_recorded(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    cfg = pairs_config(srv.base_url, n_prompts=12)
+    cfg["steps"][0]["prefill"] = "<think>\n"
+    res = run(gen(cfg), tmp_path / "p", progress=False)
+    on = [b for b in srv.stats.bodies if b["messages"][0]["content"] == "detailed thinking on"]
+    assert on and all(b["continue_final_message"] and b["add_generation_prompt"] is False
+                      and b["messages"][-1] == {"role": "assistant", "content": "<think>\n"} for b in on)
+    recs = [r for r in read_records(res.records_path) if r.reasoning == "on"]
+    assert recs and all(r.messages[-1].content.startswith("<think>\n") and r.messages[-1].content.count("<think>") == 1
+                        for r in recs)

@@ -64,6 +64,10 @@ def test_protocol_features_against_vllm(vllm_teacher):
                                               top_logprobs=2, return_token_ids=True))
             js = await asyncio.gather(*(c.complete(ChatRequest(q, {"temperature": 0.7, "max_tokens": 64}, seed=s,
                                                                json_schema=schema)) for s in range(4)))
+            pre = await c.complete(ChatRequest(q + [{"role": "assistant", "content": "The capital is"}],
+                                               {"temperature": 0.0, "max_tokens": 8, "continue_final_message": True,
+                                                "add_generation_prompt": False}, seed=1))
+            assert pre.content and not pre.content.startswith("The capital is")     # continued, not restarted
             return ready, seeded, lp, js
     ready, seeded, lp, js = asyncio.run(go())
     assert ready == [vllm_teacher.base_url]
