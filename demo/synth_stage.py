@@ -174,7 +174,7 @@ def run(ctx: Any) -> dict[str, Any]:
         from synth.pipeline import GeneratorConfig
         gen = GeneratorConfig.model_validate(data)
         ctx.step(f"generating: {len(problems)} problems x {n_samples} samples per mode")
-        res = run_generator(gen, out / "run", progress=False)
+        res = run_generator(gen, out / "run", progress=False, restart_if_changed=True)
     finally:
         server.stop()
         ctx.step("teacher stopped")

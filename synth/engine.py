@@ -281,14 +281,33 @@ def _row_from_fields(index: int, fields: dict[str, Any]) -> Row:
     return Row(index=index, id=str(fields["id"]), fields=dict(fields))
 
 
+def journal_identity(path: Path) -> str | None:
+    """The run identity a journal was written for (None when there is no journal)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb") as fh:
+        first = fh.readline()
+    try:
+        return json.loads(first).get("config_hash")
+    except json.JSONDecodeError:
+        return None
+
+
 async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: bool = False,
-                    progress: bool = True, llm_factory: Any = None, stop_after_rows: int | None = None) -> RunResult:
+                    restart_if_changed: bool = False, progress: bool = True, llm_factory: Any = None,
+                    stop_after_rows: int | None = None) -> RunResult:
+    """Run (or resume) `cfg` into `out_dir`. `fresh` forgets finished prompts; `restart_if_changed`
+    does so only when the directory holds a run of another config (a pipeline stage that reruns
+    after its config changed), instead of refusing. The request cache is kept either way."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic.clean_stale_tmp(out)
     cfg_dump = cfg.model_dump(mode="json")
     chash = run_identity(cfg_dump)
     journal_path = out / "journal.jsonl"
+    if restart_if_changed and journal_identity(journal_path) not in (None, chash):
+        log.warning("%s holds a run of another config: restarting it (cached answers are reused)", out)
+        fresh = True
     if fresh and journal_path.exists():
         journal_path.unlink()
     t_start = time.perf_counter()
@@ -296,6 +315,10 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
     rows = [_row_from_fields(i, f) for i, f in enumerate(rows_fields)]
     done = read_journal(journal_path, chash)
     unknown = set(done) - {r.id for r in rows}
+    if unknown and restart_if_changed:
+        log.warning("%s: %d finished prompts are not in the source any more: restarting", out, len(unknown))
+        journal_path.unlink()
+        done, unknown = {}, set()
     if unknown:
         raise ContractError(journal_path, f"{len(unknown)} journaled prompts are not in the source any more "
                             f"(e.g. {sorted(unknown)[0]}); the input changed: use --fresh")

@@ -382,3 +382,13 @@ def test_assistant_prefill_is_continued_and_recorded(fake_server, tmp_path):
     recs = [r for r in read_records(res.records_path) if r.reasoning == "on"]
     assert recs and all(r.messages[-1].content.startswith("<think>\n") and r.messages[-1].content.count("<think>") == 1
                         for r in recs)
+
+
+def test_restart_if_changed_restarts_a_changed_config_and_keeps_the_cache(fake_server, tmp_path):
+    srv = fake_server("arithmetic")
+    run(gen(pairs_config(srv.base_url, n_prompts=4)), tmp_path / "r", progress=False)
+    n = srv.stats.n_requests
+    changed = pairs_config(srv.base_url, n_prompts=4)
+    changed["post"] = []                                   # another config, same requests
+    res = run(gen(changed), tmp_path / "r", progress=False, restart_if_changed=True)
+    assert res.manifest.status == "complete" and srv.stats.n_requests == n       # all answers from the cache
