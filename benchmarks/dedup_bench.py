@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import threading
@@ -151,29 +150,53 @@ def _cmd(pid: int) -> str:
         return ""
 
 
+def _cpu_s(pid: int) -> float:
+    try:
+        st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")      # utime + stime of the process itself
+    except (OSError, IndexError):
+        return -1.0
+
+
+def _role(pid: int, root: int) -> str:
+    cmd = _cmd(pid)
+    exe = cmd.split(" ")[0]
+    if "java" in exe:
+        return "jvm"
+    if "python" in exe:
+        if pid == root or "kaiyuan/jobs" in cmd:
+            return "driver_py"
+        return "workers_py"
+    return "other"
+
+
 def measure(cmd: list[str], env: dict, cwd: Path, log: Path) -> dict:
-    """Run a command; wall time, CPU seconds of the tree, peak RSS of the tree and of its parts."""
+    """Run a command; wall time, CPU seconds of every process in its tree (polled from /proc, so
+    Python workers that the JVM never waits for are counted), peak RSS of the tree and its parts."""
     load_before = os.getloadavg()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
-    peak = {"tree_kb": 0, "jvm_kb": 0, "driver_py_kb": 0, "workers_py_kb": 0}
+    peak = {"tree": 0, "jvm": 0, "driver_py": 0, "workers_py": 0}
+    cpu: dict[int, float] = {}
     stop = threading.Event()
 
     def poll():
         while not stop.is_set():
             pids = _tree(proc.pid)
-            rss = {p: _rss_kb(p) for p in pids}
-            peak["tree_kb"] = max(peak["tree_kb"], sum(rss.values()))
-            jvm = sum(v for p, v in rss.items() if "java" in _cmd(p).split(" ")[0])
-            driver = sum(v for p, v in rss.items() if "pyspark.daemon" not in _cmd(p) and "python" in _cmd(p).split(" ")[0]
-                         and p == pids[0] or ("kaiyuan/jobs" in _cmd(p) and "python" in _cmd(p)))
-            workers = sum(v for p, v in rss.items() if "pyspark.daemon" in _cmd(p) or "multiprocess" in _cmd(p))
-            peak["jvm_kb"] = max(peak["jvm_kb"], jvm)
-            peak["driver_py_kb"] = max(peak["driver_py_kb"], driver)
-            peak["workers_py_kb"] = max(peak["workers_py_kb"], workers)
-            stop.wait(0.25)
+            by_role = {"jvm": 0, "driver_py": 0, "workers_py": 0, "other": 0}
+            total = 0
+            for p in pids:
+                rss = _rss_kb(p)
+                total += rss
+                by_role[_role(p, proc.pid)] += rss
+                c = _cpu_s(p)
+                if c >= 0:
+                    cpu[p] = max(cpu.get(p, 0.0), c)
+            peak["tree"] = max(peak["tree"], total)
+            for k in ("jvm", "driver_py", "workers_py"):
+                peak[k] = max(peak[k], by_role[k])
+            stop.wait(0.2)
 
     th = threading.Thread(target=poll, daemon=True)
     th.start()
@@ -181,11 +204,10 @@ def measure(cmd: list[str], env: dict, cwd: Path, log: Path) -> dict:
     wall = time.perf_counter() - t0
     stop.set()
     th.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc != 0:
         raise RuntimeError(f"{cmd[:3]} failed ({rc}); see {log}")
-    return {"wall_s": round(wall, 1), "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
-            "peak_rss_mb": {k[:-3]: round(v / 1024) for k, v in peak.items()},
+    return {"wall_s": round(wall, 1), "cpu_s": round(sum(cpu.values()), 1),
+            "peak_rss_mb": {k: round(v / 1024) for k, v in peak.items()},
             "load_before": [round(x, 1) for x in load_before], "load_after": [round(x, 1) for x in os.getloadavg()]}
 
 

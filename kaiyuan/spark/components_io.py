@@ -1,17 +1,17 @@
 """Reading and writing components (ARCHITECTURE.md contract 2) from Spark.
 
-Writing: Spark writes part files into `<parent>/.tmp-<name>.<uuid>/`; part files are renamed to
-`part-<partition>.parquet` (Spark's names carry a random job id), side outputs (quarantine,
-removed duplicates) go into `_`-prefixed subdirectories that the component reader skips, and
+Writing: each Spark partition is written by pyarrow on its executor as
+`<parent>/.tmp-<name>.<uuid>/part-<partition>.parquet`; side outputs (quarantine, removed
+duplicates) go into `_`-prefixed subdirectories that the component reader skips, and
 `common.component.finalize_component` writes the manifest and renames the directory into place.
 A later stage therefore sees either no component or a complete one. The rows of each file are
-hash-partitioned and sorted by id, so the same input and config give byte-identical files.
+hash-partitioned and sorted by id and row groups are cut at fixed row counts, so the same input
+and config give byte-identical files, in any process.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -24,7 +24,6 @@ from common.hashing import canonical_json, sha256_bytes
 from common.manifest import InputFingerprint
 from common.document import spark_col
 
-_PART = re.compile(r"^part-(\d+)-.*?(\.[a-z0-9]+)?\.parquet$")
 
 
 def component_fingerprint(component: Component) -> InputFingerprint:
@@ -66,22 +65,104 @@ def new_tmp_dir(final_dir: Path) -> Path:
     return final_dir.parent / f"{atomic.TMP_PREFIX}{final_dir.name}.{uuid.uuid4().hex[:12]}"
 
 
-def write_sorted_parquet(df, directory: Path, n_files: int, sort_cols: tuple[str, ...] = ("id",)) -> None:
-    """Hash-partition `df` into `n_files` by the sort columns, sort each file, write, and give
-    the part files deterministic names."""
+def map_in_arrow(df, fn, schema):
+    """`df.mapInArrow(fn, schema)` that also works when column names contain dots (PySpark passes
+    the input columns to the UDF unquoted, so `filter.x` would be read as a struct field): the
+    columns go in under plain aliases and `fn` sees batches with the real names."""
+    from pyspark.sql import functions as F
+
+    names = list(df.columns)
+    if not any("." in n or "`" in n for n in names):
+        return df.mapInArrow(fn, schema)
+    aliased = df.select(*[F.col(spark_col(n)).alias(f"_c{i}") for i, n in enumerate(names)])
+
+    def renamed(batches):
+        return fn(b.rename_columns(names) for b in batches)
+
+    return aliased.mapInArrow(renamed, schema)
+
+
+def write_sorted_parquet(df, directory: Path, n_files: int, sort_cols: tuple[str, ...] = ("id",),
+                         already_partitioned: bool = False, row_group_rows: int = 50_000) -> int:
+    """Hash-partition `df` into `n_files` by the sort columns, sort each partition, and write
+    `part-<partition>.parquet` files; returns the rows written.
+
+    The files are written by pyarrow on the executors (not by Spark's parquet writer, whose
+    footers list encodings in an order that changes from one JVM to the next), with row groups
+    cut at fixed row counts, so the same rows give the same bytes in any process. With
+    `already_partitioned`, `df` is already hash-partitioned by the sort columns (its partitions
+    become the files as they are, sorted within)."""
     cols = [spark_col(c) for c in sort_cols]
-    (df.repartition(n_files, *cols).sortWithinPartitions(*cols)
-       .write.mode("error").parquet(str(directory)))
-    rename_parts(directory)
+    part = df if already_partitioned else df.repartition(n_files, *cols)
+    part = part.sortWithinPartitions(*cols)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = map_in_arrow(part, _partition_writer(str(directory), row_group_rows), "part int, n_rows bigint").collect()
+    if not written:                      # nothing to write: one empty file keeps the schema
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        pq.write_table(to_arrow_schema(df.schema).empty_table(), directory / "part-00000.parquet", **PARQUET_OPTIONS)
+    return sum(int(r["n_rows"]) for r in written)
 
 
-def rename_parts(directory: Path) -> None:
-    for f in sorted(directory.iterdir()):
-        m = _PART.match(f.name)
-        if m:
-            f.rename(directory / f"part-{int(m.group(1)):05d}.parquet")
-        elif f.name == "_SUCCESS" or f.name.endswith(".crc"):
-            f.unlink()
+PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 3, "use_dictionary": True, "write_statistics": True}
+
+
+def _partition_writer(directory: str, row_group_rows: int):
+    def write(batches):
+        import os
+        import uuid
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        pid = TaskContext.get().partitionId()
+        final = os.path.join(directory, f"part-{pid:05d}.parquet")
+        tmp = os.path.join(directory, f".part-{pid:05d}.{uuid.uuid4().hex}.tmp")
+        writer = None
+        pending: list = []
+        n_pending = 0
+        n_rows = 0
+
+        def flush(rows: int):
+            nonlocal pending, n_pending
+            table = pa.Table.from_batches(pending).combine_chunks()
+            writer.write_table(table.slice(0, rows), row_group_size=rows)
+            rest = table.slice(rows)
+            pending = rest.to_batches() if rest.num_rows else []
+            n_pending = rest.num_rows
+
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, batch.schema, **PARQUET_OPTIONS)
+                pending.append(batch)
+                n_pending += batch.num_rows
+                n_rows += batch.num_rows
+                while n_pending >= row_group_rows:
+                    flush(row_group_rows)
+            if writer is not None:
+                if n_pending:
+                    flush(n_pending)
+                writer.close()
+                os.replace(tmp, final)      # a retried or speculative attempt writes the same bytes
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        if n_rows:
+            yield pa.RecordBatch.from_pydict({"part": [pid], "n_rows": [n_rows]},
+                                             schema=pa.schema([("part", pa.int32()), ("n_rows", pa.int64())]))
+
+    return write
+
+
+def row_group_rows_for(n_bytes: int, n_rows: int, target_bytes: int = 64 << 20) -> int:
+    """Rows per row group so that a group holds about `target_bytes` (from the input's size)."""
+    per_row = max(1.0, n_bytes / max(1, n_rows))
+    return int(min(1_000_000, max(1000, target_bytes // per_row)))
 
 
 def finalize(tmp_dir: Path, final_dir: Path, manifest_fields: dict[str, Any]) -> ComponentManifest:

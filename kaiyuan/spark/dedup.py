@@ -241,7 +241,8 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             survivors = survivors.select(*[spark_col(x) for x in docs_n.columns if x not in ("dup_cluster", "dup_count")],
                                          "dup_cluster", "dup_count")
             n_files = cio.n_files_for(sum(f.n_bytes for f in c.manifest.files), d.target_file_mb)
-            cio.write_sorted_parquet(survivors, tmp, n_files)
+            cio.write_sorted_parquet(survivors, tmp, n_files, row_group_rows=cio.row_group_rows_for(
+                sum(f.n_bytes for f in c.manifest.files) * 3, c.manifest.n_docs))
             removed = mine.where(~F.col("keep")).select("id", "dup_cluster", "kind")
             s = stats.get(n, {})
             outputs = []

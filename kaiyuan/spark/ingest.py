@@ -104,6 +104,8 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         tally = {r["reason"]: (r["n"], r["lines"]) for r in
                  records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
     blank_lines = int(tally.pop(BLANK, (0, 0))[1] or 0)
+    total_bytes = sum(f.size for f in files)
+    n_records = sum(int(v[0]) for v in tally.values())
     with sw("write"):
         docs = records.where(F.col("reason").isNull())
         w = Window.partitionBy("id").orderBy("origin_file", "origin_line")
@@ -111,10 +113,9 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
                   .withColumn("_rank", F.row_number().over(w))
                   .withColumn("_first", F.first(F.concat_ws(":", "origin_file", F.col("origin_line").cast("string"))).over(w))
                   .persist(StorageLevel.MEMORY_AND_DISK))
-        good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta").sortWithinPartitions("id")
-        good.write.mode("error").parquet(str(tmp))
-        cio.rename_parts(tmp)
-        n_written = cio.rows_written(tmp)
+        good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta")
+        n_written = cio.write_sorted_parquet(good, tmp, n_files, already_partitioned=True,
+                                             row_group_rows=cio.row_group_rows_for(total_bytes, max(1, n_records)))
         n_dup = int(tally.get(None, (0, 0))[0]) - n_written      # later occurrences of a repeated id
         reasons = {k: int(v[0]) for k, v in tally.items() if k is not None}
         if n_dup:

@@ -166,7 +166,7 @@ def score_component(spark, name: str, c: Component, cfg: RunConfig, annotators: 
             df = cio.read_component(spark, c)
             df = df.select(*[spark_col(x) for x in df.columns if x not in out_names])
             n_parts = max(len(c.paths), math.ceil(c.manifest.n_docs / cfg.score.rows_per_partition))
-            df = df.repartition(n_parts, "id").sortWithinPartitions("id")
+            df = df.repartition(n_parts, "id").sortWithinPartitions("id")     # annotate in this order
             from pyspark.sql.types import StructType
 
             schema = StructType(list(df.schema.fields))      # a copy: .add() mutates, and df.schema is cached
@@ -174,9 +174,9 @@ def score_component(spark, name: str, c: Component, cfg: RunConfig, annotators: 
                 schema = schema.add(f.name, _spark_type(f.type), True)
             log.info("score %s: %d docs in %d partitions, annotators: %s", name, c.manifest.n_docs, n_parts,
                      ", ".join(f"{a.type_name}:{getattr(a.config, 'name', None) or getattr(a.config, 'filter', '')}" for a in annotators))
-            out = df.mapInArrow(annotate_fn([a.config for a in annotators], shipped, out_names), schema)
-            out.write.mode("error").parquet(str(tmp))
-            cio.rename_parts(tmp)
+            out = cio.map_in_arrow(df, annotate_fn([a.config for a in annotators], shipped, out_names), schema)
+            cio.write_sorted_parquet(out, tmp, n_parts, already_partitioned=True, row_group_rows=cio.row_group_rows_for(
+                sum(f.n_bytes for f in c.manifest.files) * 3, c.manifest.n_docs))
         with sw("stats"):
             stats = _stats(spark, tmp, out_names)
     except BaseException:

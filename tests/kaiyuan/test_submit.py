@@ -165,3 +165,26 @@ def test_sigkill_mid_write_then_rerun_gives_the_uninterrupted_result(spark, tmp_
         removed = pq.read_table(got.directory / "_removed").to_pylist()
         assert removed == pq.read_table(want.directory / "_removed").to_pylist()
     assert not [p for p in stage.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_python_m_kaiyuan_with_overrides_and_summary(spark, tmp_path):
+    records, clusters = planted_corpus(3, 40, 4, prefix="x")
+    write_jsonl(tmp_path / "src" / "x.jsonl", records)
+    cfg = {"output": str(tmp_path / "out"), "spark": {"master": "local[2]", "driver_memory": "1g"},
+           "sources": [{"name": "x", "paths": [str(tmp_path / "src")], "id_field": "id"}]}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    run_ingest(spark, RunConfig.model_validate(cfg))
+    bad = subprocess.run([sys.executable, "-m", "kaiyuan", "dedup", "--config", str(tmp_path / "run.yaml"),
+                          "dedup.scope=planet"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "dedup.scope" in bad.stderr
+    cmd = [sys.executable, "-m", "kaiyuan", "dedup", "--config", str(tmp_path / "run.yaml"), f"output={tmp_path / 'g'}",
+           "dedup.scope=global", f"dedup.input_dir={tmp_path / 'out' / 'ingest'}"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    c = Component.open(tmp_path / "g" / "dedup" / "x")
+    assert c.manifest.n_docs == len(records) - sum(len(cl) - 1 for cl in clusters)
+    assert c.manifest.config["dedup"]["scope"] == "global"
+    summary = subprocess.run([sys.executable, "-m", "kaiyuan", "summary", str(tmp_path / "g")], env=_env(),
+                             capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in summary.stdout.splitlines() if ln.startswith("x ") and " dedup " in ln)
+    assert line.split()[2:4] == [str(len(records)), str(c.manifest.n_docs)]
