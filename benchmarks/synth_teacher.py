@@ -35,6 +35,8 @@ def config(url: str, n_problems: int, n_samples: int, engine: str) -> GeneratorC
         if step["kind"] == "generate":
             step["n"] = n_samples
             step["params"] = dict(step["params"], temperature=0.3, max_tokens=160 if step["mode"] == "on" else 64)
+            if step["mode"] == "on":
+                step["prefill"] = "<think>\n"          # as the demo stage
     for t in data["teachers"].values():
         t.update(endpoints=[url], model="teacher", engine=engine, initial_concurrency=32, max_concurrency=64)
     data["output"]["formats"] = ["jsonl"]
