@@ -102,7 +102,8 @@ def job_config(source: str, cfg: RunConfig, annotators: list[ann.Annotator]) -> 
 
 
 def _stats(spark, tmp: Path, fields: list[str], top_reasons: int = 8) -> dict[str, Any]:
-    """Pass rates, reasons, score quantiles and languages, read back from the written files."""
+    """Pass rates, reasons, score quantiles and languages, read back from the written files in
+    two Spark jobs (one aggregate; one count of every (filter, reason) and language)."""
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(*[str(p) for p in sorted(tmp.glob("*.parquet"))])
@@ -110,33 +111,39 @@ def _stats(spark, tmp: Path, fields: list[str], top_reasons: int = 8) -> dict[st
     filters = [f for f in fields if f.startswith(FILTER_PREFIX) and not f.endswith(REASON_SUFFIX)]
     scores = [f for f in fields if f.startswith(QUALITY_PREFIX)]
     aggs = [F.count("*").alias("n")]
-    for f in filters:
+    for i, f in enumerate(filters):
         c = F.col(spark_col(f))
-        aggs += [F.sum(c.cast("long")).alias(f"{f}|pass"), F.sum(c.isNull().cast("long")).alias(f"{f}|error")]
-    for f in scores:
+        aggs += [F.sum(c.cast("long")).alias(f"f{i}_pass"), F.sum(c.isNull().cast("long")).alias(f"f{i}_error")]
+    for i, f in enumerate(scores):
         c = F.col(spark_col(f))
-        aggs += [F.mean(c).alias(f"{f}|mean"), F.percentile_approx(c, [0.1, 0.25, 0.5, 0.75, 0.9], 1000).alias(f"{f}|q")]
+        aggs += [F.mean(c).alias(f"s{i}_mean"), F.percentile_approx(c, [0.1, 0.25, 0.5, 0.75, 0.9], 1000).alias(f"s{i}_q")]
     if "n_tokens" in fields:
         aggs.append(F.sum("n_tokens").alias("n_tokens"))
     row = df.agg(*aggs).collect()[0].asDict()
     n = int(row["n"])
-    for f in filters:
-        name = f[len(FILTER_PREFIX):]
-        passed, errors = int(row[f"{f}|pass"] or 0), int(row[f"{f}|error"] or 0)
-        reason = F.col(spark_col(f + REASON_SUFFIX))
-        reasons = (df.where(reason.isNotNull()).groupBy(reason.alias("reason")).count()
-                   .orderBy(F.desc("count"), F.asc("reason")).limit(top_reasons).collect())
-        out["filters"][name] = {"pass": passed, "fail": n - passed - errors, "error": errors,
-                                "pass_rate": round(passed / n, 4) if n else None,
-                                "top_reasons": {r[0]: int(r[1]) for r in reasons}}
-    for f in scores:
-        q = row[f"{f}|q"] or []
-        out["scores"][f[len(QUALITY_PREFIX):]] = {"mean": round(float(row[f"{f}|mean"] or 0.0), 4),
+    # (kind, key) pairs: every filter's reason and the language, counted in one pass
+    pairs = [F.struct(F.lit(f).alias("kind"), F.col(spark_col(f + REASON_SUFFIX)).alias("key")) for f in filters]
+    if "lang" in fields:
+        pairs.append(F.struct(F.lit("lang").alias("kind"), F.col("lang").alias("key")))
+    counts: dict[str, list[tuple[str, int]]] = {}
+    if pairs:
+        exploded = df.select(F.explode(F.array(*pairs)).alias("p")).select("p.kind", "p.key").where(F.col("key").isNotNull())
+        for r in exploded.groupBy("kind", "key").count().collect():
+            counts.setdefault(r["kind"], []).append((r["key"], int(r["count"])))
+    top = {k: sorted(v, key=lambda kv: (-kv[1], kv[0])) for k, v in counts.items()}
+    for i, f in enumerate(filters):
+        passed, errors = int(row[f"f{i}_pass"] or 0), int(row[f"f{i}_error"] or 0)
+        out["filters"][f[len(FILTER_PREFIX):]] = {
+            "pass": passed, "fail": n - passed - errors, "error": errors,
+            "pass_rate": round(passed / n, 4) if n else None,
+            "top_reasons": dict(top.get(f, [])[:top_reasons])}
+    for i, f in enumerate(scores):
+        q = row[f"s{i}_q"] or []
+        out["scores"][f[len(QUALITY_PREFIX):]] = {"mean": round(float(row[f"s{i}_mean"] or 0.0), 4),
                                                   "quantiles": dict(zip(["p10", "p25", "p50", "p75", "p90"],
                                                                         [round(float(x), 4) for x in q]))}
     if "lang" in fields:
-        langs = df.groupBy("lang").count().orderBy(F.desc("count"), F.asc("lang")).limit(10).collect()
-        out["languages"] = {str(r[0]): int(r[1]) for r in langs}
+        out["languages"] = dict(top.get("lang", [])[:10])
     if "n_tokens" in fields:
         out["n_tokens"] = int(row["n_tokens"] or 0)
     out["docs"] = n
