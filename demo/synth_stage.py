@@ -115,7 +115,9 @@ def _teacher(ctx: Any, kind: str, out: Path) -> tuple[Any, dict[str, Any], str]:
         ctx.step(f"teacher ready in {srv.ready_s:.1f}s at {srv.base_url}")
         return srv, dict(srv.describe(), engine="vllm"), srv.base_url
     from synth.fakeserver import FakeOpenAIServer
-    ctx.step("starting the scripted teacher (no .venv-vllm here; `make teacher-env` builds the real one)")
+    why = ("the profile asks for it" if kind == "scripted"
+           else "no .venv-vllm here; `make teacher-env` builds the real one")
+    ctx.step(f"starting the scripted teacher ({why})")
     fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False).start()
     return fake, {"kind": "scripted", "base_url": fake.base_url, "model": "teacher", "spec": None,
                   "engine": "purokit-fakeserver"}, fake.base_url
