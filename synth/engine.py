@@ -246,12 +246,20 @@ def load_generator(spec: str | os.PathLike, overrides: list[str] | None = None) 
         else:
             known = sorted(x.stem for d in ("generators", "domains") for x in (here / d).glob("*.yaml"))
             raise ContractError(spec, f"no generator named '{spec}'; built in: {', '.join(known)} (or give a YAML path)")
-    return load_config(GeneratorConfig, p, overrides)
+    cfg = load_config(GeneratorConfig, p, overrides)
+    import_plugins(cfg)
+    return cfg
+
+
+def import_plugins(cfg: GeneratorConfig) -> None:
+    """Import the config's `imports:` modules, which register its custom sources, steps and
+    verifiers; before prompts are loaded, since a generator's source may be one of them."""
+    for mod in cfg.imports:
+        importlib.import_module(mod)
 
 
 def build_steps(cfg: GeneratorConfig, env: RunEnv) -> tuple[list[Step], list[PostStep]]:
-    for mod in cfg.imports:
-        importlib.import_module(mod)
+    import_plugins(cfg)
     steps: list[Step] = []
     posts: list[PostStep] = []
     names: set[str] = set()
@@ -311,6 +319,7 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
     if fresh and journal_path.exists():
         journal_path.unlink()
     t_start = time.perf_counter()
+    import_plugins(cfg)
     rows_fields, source_counts = load_rows(cfg.source, cfg.seed, cfg.limit)
     rows = [_row_from_fields(i, f) for i, f in enumerate(rows_fields)]
     done = read_journal(journal_path, chash)
