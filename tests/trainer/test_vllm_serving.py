@@ -50,6 +50,6 @@ def test_vllm_serves_the_export_with_the_trainers_logprobs(trained_run, bpe, tmp
         got = _completion(srv.base_url, "tiny", prompt)["choices"][0]["logprobs"]["token_logprobs"]
     assert got[0] is None and len(got) >= len(prompt)
     diffs = [abs(g - e) for g, e in zip(got[1:len(prompt)], expect)]
-    tol = 2e-3 if dtype == "float32" else 0.1          # bf16 weights and activations vs the fp32 trainer
+    tol = 1e-4 if dtype == "float32" else 2e-2         # measured 4.8e-7 and 2.1e-3 (bf16 weights and activations)
     print(f"vLLM {dtype} vs trainer fp32: max |logprob diff| = {max(diffs):.2e} over {len(diffs)} tokens")
     assert max(diffs) <= tol, (dtype, max(diffs))
