@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     split = lambda s: {x for x in s.split(",") if x}  # noqa: E731
     ctx = run_demo(args.out.resolve(), args.profile, split(args.only) or None, split(args.force))
     print_summary(ctx)
+    if ctx.results:
+        from demo.report import build_report
+        print(f"\nReport: {build_report(ctx.root)}")
     return 0
 
 
