@@ -7,6 +7,7 @@ overrides any config field (`source.n=20`, `steps.0.n=8`). Other commands:
     python -m synth export RUN_DIR [--formats jsonl,parquet,datasets] [--out DIR]
     python -m synth clean RECORDS.jsonl --out DIR [--eval PATH:FIELD]... [--n 13]
     python -m synth serve vllm|llamacpp [--model PATH] [--port 8000]   (foreground; Ctrl-C stops)
+                          [--tool-parser hermes] [--chat-template FILE]   (vLLM: native tool calls)
 """
 
 from __future__ import annotations
@@ -111,8 +112,12 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--served-name", default="teacher")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--python", help="interpreter of the server's venv (default .venv-vllm / .venv-llamacpp)")
+    ap.add_argument("--tool-parser", help="vLLM: serve native tool calls with this --tool-call-parser (e.g. hermes)")
+    ap.add_argument("--chat-template", help="vLLM: a Jinja chat template (default with --tool-parser and the SmolLM2 "
+                                            "teacher: synth/templates/smollm2_tools.jinja)")
     a = ap.parse_args(argv)
-    spec = servers.default_spec(a.kind, model=a.model, served_name=a.served_name, port=a.port, python=a.python)
+    extra = {k: v for k, v in (("tool_parser", a.tool_parser), ("chat_template", a.chat_template)) if v}
+    spec = servers.default_spec(a.kind, model=a.model, served_name=a.served_name, port=a.port, python=a.python, **extra)
     srv = servers.start_server(spec)
     print(f"serving {spec.served_name} at {srv.base_url} (pid {srv.pid}, log {srv.log_path}); Ctrl-C stops", flush=True)
     try:

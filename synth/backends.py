@@ -10,12 +10,19 @@ changes. vLLM is imported lazily, only when a `vllm` backend starts.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
+import json
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from common.log import get_logger
 from synth.cache import ResponseCache, cache_key
-from synth.client import ChatClient, ChatRequest, ChatResult, TeacherConfig
+from synth.client import ChatClient, ChatRequest, ChatResult, RequestRejected, TeacherConfig
+from synth.toolcalls import hermes_server_parse
+
+log = get_logger("synth.backends")
 
 
 class Backend(Protocol):
@@ -80,6 +87,20 @@ def result_from_vllm_output(output: Any, model: str, top_logprobs: bool) -> Chat
                       prompt_token_ids=prompt_ids or None, model=model, endpoint="vllm-inprocess")
 
 
+def apply_hermes_tool_calls(res: ChatResult, req: ChatRequest) -> None:
+    """Parse `<tool_call>` blocks of an in-process completion into OpenAI tool calls, with the
+    semantics of vLLM's `hermes` server parser (the Hermes/Qwen layout most tool-trained open
+    models use); call ids are derived from the request, so a rerun gives the same ids."""
+    content, calls = hermes_server_parse(res.content)
+    if not calls:
+        return
+    base = hashlib.sha256(json.dumps([req.messages, req.seed], sort_keys=True, default=str).encode()).hexdigest()
+    res.content = content or ""
+    res.tool_calls = [{"id": f"call_{base[:12]}_{i}", "type": "function", "function": c} for i, c in enumerate(calls)]
+    if res.finish_reason == "stop":
+        res.finish_reason = "tool_calls"
+
+
 class VllmBackend:
     """vLLM in-process. Requests are gathered for `batch_window_s` (or until `max_batch`) and run
     as one `LLM.chat` call in a worker thread, so the engine sees the concurrency it batches on.
@@ -266,18 +287,32 @@ class VllmBackend:
                         batch.append(await self._queue.get())
             except TimeoutError:
                 pass
-            live = [(r, f) for r, f in batch if not f.cancelled()]
-            # an assistant prefill is a chat-level option of LLM.chat, so such requests go in their own call
-            groups: dict[bool, list[tuple[ChatRequest, asyncio.Future[ChatResult]]]] = {}
+            live = []
+            for r, f in batch:
+                if f.cancelled():
+                    continue
+                if r.tools and r.tool_choice not in (None, "auto", "none"):
+                    f.set_exception(ValueError(
+                        f"tool_choice={json.dumps(r.tool_choice)} needs a server (vllm serve --tool-call-parser ...): "
+                        "the in-process backend renders the tools and parses <tool_call> blocks, it cannot force a call"))
+                    continue
+                live.append((r, f))
+            # an assistant prefill and the tools are chat-level options of LLM.chat, so requests
+            # that differ in them go in separate calls
+            groups: dict[tuple[bool, str], list[tuple[ChatRequest, asyncio.Future[ChatResult]]]] = {}
             for r, f in live:
-                groups.setdefault(bool(r.params.get("continue_final_message")), []).append((r, f))
-            for prefill, members in sorted(groups.items()):
-                await self._generate(members, prefill)
+                tools_key = json.dumps(r.tools, sort_keys=True) if r.tools else ""
+                groups.setdefault((bool(r.params.get("continue_final_message")), tools_key), []).append((r, f))
+            for (prefill, tools_key), members in sorted(groups.items()):
+                await self._generate(members, prefill, json.loads(tools_key) if tools_key else None)
 
-    async def _generate(self, live: list[tuple[ChatRequest, "asyncio.Future[ChatResult]"]], prefill: bool) -> None:
+    async def _generate(self, live: list[tuple[ChatRequest, "asyncio.Future[ChatResult]"]], prefill: bool,
+                        tools: list[dict[str, Any]] | None = None) -> None:
             chat_kw: dict[str, Any] = {"use_tqdm": False}
             if prefill:
                 chat_kw.update(continue_final_message=True, add_generation_prompt=False)
+            if tools:
+                chat_kw["tools"] = tools
             try:
                 outs = await asyncio.to_thread(self._llm.chat, [r.messages for r, _ in live],
                                                [self.sampling_params(r) for r, _ in live], **chat_kw)
@@ -289,6 +324,8 @@ class VllmBackend:
             self.n_batches += 1
             for (r, f), out in zip(live, outs):
                 res = result_from_vllm_output(out, self.cfg.model, bool(r.top_logprobs))
+                if r.tools and r.tool_choice != "none":
+                    apply_hermes_tool_calls(res, r)
                 self.n_requests += 1
                 self.prompt_tokens += res.prompt_tokens
                 self.completion_tokens += res.completion_tokens
@@ -369,6 +406,71 @@ class CachedBackend:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.inner.stats(), n_cached=self.n_cached)
+
+
+# ---- does this teacher call tools natively? ----------------------------------------------------
+
+PROBE_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
+                   "required": ["city"]}}}
+PROBE_MESSAGES = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+@dataclass(frozen=True)
+class ToolSupport:
+    native: bool
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"native": self.native, "reason": self.reason}
+
+
+async def probe_tool_support(backend: Any) -> ToolSupport:
+    """Whether `backend` serves native tool calls, found over the protocol: the same one-token
+    request with and without `tools` (tool_choice "auto"). Native iff the endpoint accepts the
+    tools *and* its prompt grows by them (the chat template renders them). A server without a
+    tool parser rejects the request (vLLM: 400 '"auto" tool choice requires
+    --enable-auto-tool-choice ...'); a model whose template ignores tools (SmolLM2's) accepts it
+    but its prompt does not change, so the model would never see the tools."""
+    params = {"temperature": 0.0, "max_tokens": 1}
+    plain = ChatRequest(messages=PROBE_MESSAGES, params=params, seed=0, tag="tool-probe")
+    with_tools = ChatRequest(messages=PROBE_MESSAGES, params=params, seed=0, tools=[PROBE_TOOL], tool_choice="auto",
+                             tag="tool-probe")
+    a = await backend.complete(plain)          # a rejection here is not about tools: let it surface
+    try:
+        b = await backend.complete(with_tools)
+    except RequestRejected as e:
+        return ToolSupport(False, f"the endpoint rejects requests with tools ({e})")
+    if not (a.prompt_tokens and b.prompt_tokens):
+        return ToolSupport(False, "the endpoint reports no prompt token counts, so tool rendering cannot be seen")
+    if b.prompt_tokens <= a.prompt_tokens:
+        return ToolSupport(False, f"the chat template ignores tools (prompt {a.prompt_tokens} tokens with and without)")
+    return ToolSupport(True, f"tools accepted and rendered (prompt {a.prompt_tokens} -> {b.prompt_tokens} tokens)")
+
+
+async def tool_support(backend: Any) -> ToolSupport:
+    """`probe_tool_support`, once per backend; behind the cache the verdict is stored with the
+    answers (keyed by model), so a rerun from the cache does not need the server."""
+    found = getattr(backend, "_tool_support", None)
+    if found is not None:
+        return found
+    lock = backend.__dict__.setdefault("_tool_support_lock", asyncio.Lock())
+    async with lock:
+        if getattr(backend, "_tool_support", None) is None:
+            cache = getattr(backend, "cache", None)
+            key = cache_key({"probe": "tool_support/1", "model": backend.cfg.model})
+            hit = cache.get(key) if cache is not None else None
+            if hit is not None:
+                verdict = ToolSupport(bool(hit["native"]), str(hit["reason"]))
+            else:
+                verdict = await probe_tool_support(backend)
+                if cache is not None:
+                    cache.put(key, backend.cfg.model, verdict.to_json())
+            log.info("teacher %s: %s tool calls (%s)", backend.cfg.model, "native" if verdict.native else "prompted",
+                     verdict.reason)
+            backend._tool_support = verdict
+    return backend._tool_support
 
 
 def make_backend(cfg: TeacherConfig, cache: ResponseCache | None, seed: int = 0,

@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
+from synth.toolcalls import ToolCallShapeError, normalize_tool_calls
+
 # ---------------------------------------------------------------------------------------------
 # Requests and results
 # ---------------------------------------------------------------------------------------------
@@ -50,13 +52,21 @@ class ChatRequest:
     top_logprobs: int = 0
     json_schema: dict[str, Any] | None = None      # constrained output where the server supports it
     return_token_ids: bool = False                 # vLLM: sampled token ids (RL rollouts)
+    tools: list[dict[str, Any]] | None = None      # OpenAI tools: [{"type": "function", "function": {...}}]
+    tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"type": "function", ...}
     tag: str = ""                                  # caller's label, not sent
 
     def cache_payload(self, model: str) -> dict[str, Any]:
-        """Everything that determines the answer (and nothing else: not the endpoint URL)."""
-        return {"model": model, "messages": self.messages, "params": self.params, "seed": self.seed,
-                "logprobs": self.logprobs, "top_logprobs": self.top_logprobs,
-                "json_schema": self.json_schema, "return_token_ids": self.return_token_ids}
+        """Everything that determines the answer (and nothing else: not the endpoint URL). The
+        tool fields enter the key only when set, so caches of requests without tools stay valid."""
+        payload = {"model": model, "messages": self.messages, "params": self.params, "seed": self.seed,
+                   "logprobs": self.logprobs, "top_logprobs": self.top_logprobs,
+                   "json_schema": self.json_schema, "return_token_ids": self.return_token_ids}
+        if self.tools is not None:
+            payload["tools"] = self.tools
+        if self.tool_choice is not None:
+            payload["tool_choice"] = self.tool_choice
+        return payload
 
 
 @dataclass
@@ -74,6 +84,9 @@ class ChatResult:
     latency_s: float = 0.0
     attempts: int = 1
     cached: bool = False
+    # OpenAI tool calls of the answer ({"id", "type": "function", "function": {"name", "arguments":
+    # JSON text}}); finish_reason is then "tool_calls" (or "stop" for a named tool_choice, as vLLM does)
+    tool_calls: list[dict[str, Any]] | None = None
 
     @property
     def truncated(self) -> bool:
@@ -82,12 +95,12 @@ class ChatResult:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("content", "finish_reason", "prompt_tokens", "completion_tokens",
                                               "tokens", "logprobs", "token_ids", "prompt_token_ids", "model",
-                                              "endpoint")}
+                                              "endpoint", "tool_calls")}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ChatResult":
         return cls(**{k: d.get(k) for k in ("content", "finish_reason", "tokens", "logprobs", "token_ids",
-                                             "prompt_token_ids")},
+                                             "prompt_token_ids", "tool_calls")},
                    prompt_tokens=d.get("prompt_tokens") or 0, completion_tokens=d.get("completion_tokens") or 0,
                    model=d.get("model") or "", endpoint=d.get("endpoint") or "")
 
@@ -269,6 +282,10 @@ def request_body(model: str, req: ChatRequest, stream: bool = False,
         body["return_token_ids"] = True                 # vLLM >= 0.10.2: choices[].token_ids
         if req.logprobs:
             body["return_tokens_as_token_ids"] = True   # older vLLM: "token_id:N" logprob tokens
+    if req.tools is not None:
+        body["tools"] = req.tools
+    if req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
     if req.json_schema is not None:
         if constrained_output == "json_schema":
             body["response_format"] = {"type": "json_schema",
@@ -314,8 +331,13 @@ def parse_chat_response(endpoint: str, data: Any) -> ChatResult:
         raise MalformedResponse(endpoint, f"choice has no message: {str(choice)[:200]}")
     content = msg.get("content")
     if content is None:
-        # some servers put thinking in `reasoning_content` and leave content null on a cut-off
+        # some servers put thinking in `reasoning_content` and leave content null on a cut-off;
+        # an answer that only calls tools has null content too
         content = ""
+    try:
+        tool_calls = normalize_tool_calls(msg.get("tool_calls"))
+    except ToolCallShapeError as e:
+        raise MalformedResponse(endpoint, f"message.{e}") from None
     tokens, lps, ids = parse_logprobs(choice.get("logprobs"))
     if isinstance(choice.get("token_ids"), list):
         ids = [int(t) for t in choice["token_ids"]]
@@ -325,7 +347,7 @@ def parse_chat_response(endpoint: str, data: Any) -> ChatResult:
         prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or 0),
         tokens=tokens, logprobs=lps, token_ids=ids,
         prompt_token_ids=data.get("prompt_token_ids") if isinstance(data.get("prompt_token_ids"), list) else None,
-        model=str(data.get("model") or ""), endpoint=endpoint)
+        model=str(data.get("model") or ""), endpoint=endpoint, tool_calls=tool_calls)
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -567,6 +589,7 @@ class ChatClient:
         usage: dict[str, Any] = {}
         model = ""
         done = False
+        calls: dict[int, dict[str, Any]] = {}          # tool-call deltas by index: id, name, argument pieces
         async for line in r.content:
             line = line.strip()
             if not line.startswith(b"data:"):
@@ -586,6 +609,16 @@ class ChatClient:
                 delta = ch.get("delta") or {}
                 if delta.get("content"):
                     parts.append(delta["content"])
+                for tc in delta.get("tool_calls") or []:
+                    # OpenAI streams a call as its id and name first, then pieces of the arguments
+                    if not isinstance(tc, dict) or not isinstance(tc.get("index"), int):
+                        raise MalformedResponse(url, f"stream tool_call delta without an index: {str(tc)[:200]}")
+                    slot = calls.setdefault(tc["index"], {"id": None, "type": "function", "name": "", "args": []})
+                    slot["id"] = tc.get("id") or slot["id"]
+                    fn = tc.get("function") or {}
+                    slot["name"] += fn.get("name") or ""
+                    if fn.get("arguments"):
+                        slot["args"].append(fn["arguments"])
                 t, v, i = parse_logprobs(ch.get("logprobs"))
                 if t:
                     tokens += t
@@ -597,7 +630,12 @@ class ChatClient:
                     finish = ch["finish_reason"]
         if not done:
             raise TransportError(url, f"stream ended before [DONE] after {len(parts)} chunks (truncated)")
-        return ChatResult(content="".join(parts), finish_reason=finish,
+        try:
+            tool_calls = normalize_tool_calls([{"id": c["id"], "type": c["type"], "function": {
+                "name": c["name"], "arguments": "".join(c["args"])}} for _, c in sorted(calls.items())])
+        except ToolCallShapeError as e:
+            raise MalformedResponse(url, f"streamed {e}") from None
+        return ChatResult(content="".join(parts), finish_reason=finish, tool_calls=tool_calls,
                           prompt_tokens=int(usage.get("prompt_tokens") or 0),
                           completion_tokens=int(usage.get("completion_tokens") or len(tokens)),
                           tokens=tokens or None, logprobs=lps or None,

