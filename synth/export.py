@@ -4,7 +4,10 @@ Splits by record kind: `train` (sft), `rl_prompts`, `rl_rollouts`. The parquet/a
 fixed here (not inferred), so every export of every generator has the same column types and the
 mixtures SFT packer reads any of them: `messages` is a list of OpenAI chat messages
 (role, content, tool_calls, tool_call_id, name) whose first message is the system toggle
-`detailed thinking on|off` for reasoning-toggle data; `meta` is JSON text.
+`detailed thinking on|off` for reasoning-toggle data; `tools` (the OpenAI tool definitions of a
+tool-use conversation, whose JSON-schema parameters have no fixed arrow type) and `meta` are JSON
+text (null when a record has no tools). Exports of `synth-record/1` records (before `tools`)
+still load: their columns are the same without `tools`.
 
 `export_manifest.json` beside the files records the schema version, counts and sha256 of each
 file; `load_export(dir)` validates it before handing back the DatasetDict.
@@ -23,7 +26,7 @@ import pyarrow.parquet as pq
 from common import atomic
 from common.errors import ContractError
 from common.hashing import sha256_file
-from synth.records import RECORD_SCHEMA, SynthRecord, read_records
+from synth.records import READABLE_SCHEMAS, RECORD_SCHEMA, SynthRecord, read_records
 
 EXPORT_SCHEMA = "synth-export/1"
 SPLIT_OF_KIND = {"sft": "train", "rl_prompt": "rl_prompts", "rl_rollout": "rl_rollouts"}
@@ -45,7 +48,8 @@ ROLLOUT = pa.struct([
     ("token_ids_source", _STR)])
 RECORD_ARROW_SCHEMA = pa.schema([
     ("schema", _STR), ("id", _STR), ("kind", _STR), ("generator", _STR), ("prompt_id", _STR), ("source", _STR),
-    ("category", _STR), ("license", _STR), ("messages", pa.list_(MESSAGE)), ("system", _STR), ("reasoning", _STR),
+    ("category", _STR), ("license", _STR), ("messages", pa.list_(MESSAGE)), ("tools", _STR), ("system", _STR),
+    ("reasoning", _STR),
     ("pair_id", _STR), ("pair_role", _STR), ("teacher", TEACHER), ("verification", VERIFICATION),
     ("answer_source", _STR), ("prompt", _STR), ("reference", _STR), ("verifier", _STR), ("pass_rate", pa.float64()),
     ("n_samples", pa.int64()), ("estimator", _STR), ("curriculum_rank", pa.int64()), ("reward", pa.float64()),
@@ -56,7 +60,14 @@ RECORD_ARROW_SCHEMA = pa.schema([
 def record_row(rec: SynthRecord) -> dict[str, Any]:
     d = rec.model_dump(mode="json", by_alias=True)
     d["meta"] = json.dumps(d.get("meta") or {}, sort_keys=True, ensure_ascii=False)
+    d["tools"] = json.dumps(d["tools"], ensure_ascii=False) if d.get("tools") is not None else None
     return d
+
+
+def columns_of(record_schema: str) -> set[str]:
+    """The export columns of records of `record_schema` (synth-record/1 had no `tools`)."""
+    cols = set(RECORD_ARROW_SCHEMA.names)
+    return cols - {"tools"} if record_schema == "synth-record/1" else cols
 
 
 def to_arrow(records: Iterable[SynthRecord]) -> pa.Table:
@@ -127,23 +138,27 @@ def load_export(path: str | os.PathLike) -> Any:
         raise ContractError(mpath, "no export manifest (not a synth export directory?)") from None
     if manifest.get("schema") != EXPORT_SCHEMA:
         raise ContractError(mpath, f"schema is {manifest.get('schema')!r}, expected {EXPORT_SCHEMA!r}", field="schema")
-    if manifest.get("record_schema") != RECORD_SCHEMA:
-        raise ContractError(mpath, f"record_schema is {manifest.get('record_schema')!r}, expected {RECORD_SCHEMA!r}",
+    record_schema = manifest.get("record_schema")
+    if record_schema not in READABLE_SCHEMAS:
+        raise ContractError(mpath, f"record_schema is {record_schema!r}, expected one of {', '.join(READABLE_SCHEMAS)}",
                             field="record_schema")
+    want = columns_of(record_schema)
     if not (path / "dataset").is_dir():
         raise ContractError(path, "export has no `dataset` directory (exported without the datasets format)")
     parts = {}
     for split, n_rows in manifest["splits"].items():
         if n_rows == 0:         # datasets cannot load a saved zero-row split; it is the schema and nothing else
-            parts[split] = datasets.Dataset(RECORD_ARROW_SCHEMA.empty_table())
+            schema = RECORD_ARROW_SCHEMA
+            if "tools" not in want:
+                schema = schema.remove(schema.get_field_index("tools"))
+            parts[split] = datasets.Dataset(schema.empty_table())
         else:
             parts[split] = datasets.load_from_disk(str(path / "dataset" / split))
     dd = datasets.DatasetDict(parts)
     for split, ds in dd.items():
-        want = set(RECORD_ARROW_SCHEMA.names)
         have = set(ds.column_names)
         if want != have:
-            raise ContractError(path / "dataset" / split, f"columns differ from {RECORD_SCHEMA}: "
+            raise ContractError(path / "dataset" / split, f"columns differ from {record_schema}: "
                                 f"missing {sorted(want - have)}, extra {sorted(have - want)}")
         if len(ds) != manifest["splits"].get(split):
             raise ContractError(path / "dataset" / split, f"{len(ds)} rows, the manifest says {manifest['splits'].get(split)}")

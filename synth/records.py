@@ -9,13 +9,18 @@ admitted it), `pair_id`/`pair_role` (Llama-Nemotron §3.2 strict pairs vs mode-s
 
 Three kinds share the schema:
 - `sft`: `messages` = [system `detailed thinking on|off`, user, assistant] (OpenAI chat messages,
-  `tool_calls` where used); `system` and `reasoning` repeat the toggle for filtering.
+  `tool_calls` where used); `system` and `reasoning` repeat the toggle for filtering; `tools`,
+  for tool-use conversations, the OpenAI tool definitions the conversation exposed (what a chat
+  template renders into the system prompt when the record is trained on).
 - `rl_prompt`: `prompt`, `reference`, `verifier`, `pass_rate` over `n_samples` from `estimator`
   (LN §6.1), `curriculum_rank`.
 - `rl_rollout`: one sampled completion with `rollout` = token ids exactly as the engine sampled
   them, per-token logprobs and how they were computed (engine, temperature, top-p, logprobs mode
   before/after sampling transforms, precision), policy id, finish reason and truncation flag
   (Ring-linear §4.4), and its `reward`.
+
+Versions: `synth-record/2` added `tools` (before it, tool definitions travelled in `meta.tools`).
+The reader takes `synth-record/1` records as well and reads them as version 2 without tools.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import ContractError
 
-RECORD_SCHEMA = "synth-record/1"
+RECORD_SCHEMA = "synth-record/2"
+READABLE_SCHEMAS = ("synth-record/1", RECORD_SCHEMA)     # /1: the same without `tools`
 SYSTEM_ON = "detailed thinking on"
 SYSTEM_OFF = "detailed thinking off"
 TOGGLE = {"on": SYSTEM_ON, "off": SYSTEM_OFF}
@@ -56,6 +62,28 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+
+def tool_definition_shape(tool: Any, i: int = 0) -> str | None:
+    """Why `tool` is not an OpenAI tool definition (`{"type": "function", "function": {"name",
+    "description"?, "parameters"?: JSON-schema object, "strict"?}}`), or None. The definitions are
+    kept as given (not re-serialized), since a chat template renders them verbatim."""
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        return f"tools[{i}]: expected {{'type': 'function', 'function': {{...}}}}"
+    extra = set(tool) - {"type", "function"}
+    if extra:
+        return f"tools[{i}]: unknown keys {sorted(extra)}"
+    fn = tool["function"]
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        return f"tools[{i}].function.name must be a non-empty string"
+    extra = set(fn) - {"name", "description", "parameters", "strict"}
+    if extra:
+        return f"tools[{i}].function ({fn['name']}): unknown keys {sorted(extra)}"
+    if "description" in fn and not isinstance(fn["description"], str):
+        return f"tools[{i}].function ({fn['name']}).description must be a string"
+    if "parameters" in fn and not isinstance(fn["parameters"], dict):
+        return f"tools[{i}].function ({fn['name']}).parameters must be a JSON schema object"
+    return None
 
 
 class TeacherInfo(BaseModel):
@@ -115,7 +143,7 @@ class Rollout(BaseModel):
 
 class SynthRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    schema_: Literal["synth-record/1"] = Field(default=RECORD_SCHEMA, alias="schema")
+    schema_: Literal["synth-record/2"] = Field(default=RECORD_SCHEMA, alias="schema")
     id: str
     kind: Literal["sft", "rl_prompt", "rl_rollout"] = "sft"
     generator: str
@@ -124,6 +152,7 @@ class SynthRecord(BaseModel):
     category: str = ""
     license: str = ""
     messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None   # OpenAI tool definitions exposed to the conversation
     system: str | None = None
     reasoning: Literal["on", "off"] | None = None
     pair_id: str | None = None
@@ -142,6 +171,21 @@ class SynthRecord(BaseModel):
     reward: float | None = None
     rollout: Rollout | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if tools is None:
+            return None
+        names = set()
+        for i, t in enumerate(tools):
+            why = tool_definition_shape(t, i)
+            if why:
+                raise ValueError(why)
+            if t["function"]["name"] in names:
+                raise ValueError(f"tools[{i}]: duplicate function name {t['function']['name']!r}")
+            names.add(t["function"]["name"])
+        return tools
 
     @model_validator(mode="after")
     def _toggle(self) -> "SynthRecord":
@@ -171,8 +215,14 @@ def validate_record(data: Any, path: str | os.PathLike = "<records>", line: int 
     where = f"{path}" + (f" line {line}" if line is not None else "")
     if not isinstance(data, dict):
         raise ContractError(where, "a record must be a JSON object")
-    if data.get("schema") != RECORD_SCHEMA:
-        raise ContractError(where, f"schema is {data.get('schema')!r}, this reader expects {RECORD_SCHEMA!r}", field="schema")
+    if data.get("schema") not in READABLE_SCHEMAS:
+        raise ContractError(where, f"schema is {data.get('schema')!r}, this reader reads {' or '.join(READABLE_SCHEMAS)}",
+                            field="schema")
+    if data["schema"] != RECORD_SCHEMA:             # synth-record/1: read as /2 without tools
+        if "tools" in data:
+            raise ContractError(where, f"record {data.get('id', '?')}: `tools` is a {RECORD_SCHEMA} field, "
+                                f"not one of {data['schema']}", field="tools")
+        data = dict(data, schema=RECORD_SCHEMA)
     try:
         return SynthRecord.model_validate(data)
     except ValidationError as e:

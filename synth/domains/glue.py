@@ -47,11 +47,13 @@ def request_seed(step: Step, row: Row, *key: Any) -> int:
 
 
 async def ask(step: Step, row: Row, role: str, messages: list[dict[str, Any]], *key: Any,
-              params: dict[str, Any] | None = None, json_schema: dict[str, Any] | None = None) -> ChatResult:
-    """One chat request to the teacher `role`; `key` identifies it within the row (its seed)."""
+              params: dict[str, Any] | None = None, json_schema: dict[str, Any] | None = None,
+              tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None) -> ChatResult:
+    """One chat request to the teacher `role`; `key` identifies it within the row (its seed).
+    `tools`/`tool_choice` make it a native tool-calling request (the result's `tool_calls`)."""
     backend = step.env.backend(role)
     req = ChatRequest(messages=messages, params=dict(params or {}), seed=request_seed(step, row, *key),
-                      json_schema=json_schema)
+                      json_schema=json_schema, tools=tools, tool_choice=tool_choice)
     try:
         res = await backend.complete(req)
     except RetriesExhausted as e:
@@ -162,12 +164,13 @@ async def score_rubric(step: Step, row: Row, judge: JudgeParams, rubric: RubricC
 
 def build_record(step: Step, row: Row, key: Iterable[Any], messages: list[dict[str, Any]], *,
                  teacher: dict[str, Any] | None, verification: Verification | None, meta: dict[str, Any],
-                 category: str | None = None, source: str = "") -> SynthRecord:
-    """An `sft` record (contract 6) with a stable id from the generator, the prompt id and `key`."""
+                 category: str | None = None, source: str = "", tools: list[dict[str, Any]] | None = None) -> SynthRecord:
+    """An `sft` record (contract 6) with a stable id from the generator, the prompt id and `key`;
+    `tools` are the tool definitions the conversation exposed (the record's `tools` field)."""
     gen = step.env.generator
     t = {k: v for k, v in (teacher or {}).items() if k in TeacherInfo.model_fields}
     return SynthRecord(
         id=stable_id(gen.generator, row.id, *key), kind="sft", generator=gen.generator, prompt_id=row.id,
         source=source or str(row.fields.get("source") or ""), category=category or gen.category,
-        license=gen.license, messages=[Message(**m) for m in messages],
+        license=gen.license, messages=[Message(**m) for m in messages], tools=tools,
         teacher=TeacherInfo(**t) if t else None, verification=verification, meta=meta)

@@ -2,26 +2,34 @@
 an Assistant model that calls tools, a Tool model ("API response simulator") that answers the
 calls, a User model that continues the conversation, and an inline turn-level judge.
 
-Tool calls travel in the prompt, in the Hermes/Qwen layout that vLLM's tool parsers also read:
-the tools are listed inside `<tools>...</tools>` in the assistant's system prompt and the model
-answers with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks. That works with
-any OpenAI-compatible endpoint and any chat template (including models without native tool
-calling); the conversation is stored in the OpenAI `tool_calls` message format regardless.
-Every call is checked by the Tool Verifier (`tool_validate.tool_call_problems`: the function
-exists, the arguments validate against its JSON schema, rule checks) before the Tool model sees it.
+The assistant's tool calls travel by one of two protocols (`SimOptions.protocol`):
+- `native`: OpenAI tool calling. The request carries `tools` and `tool_choice: "auto"`, the
+  conversation so far as OpenAI messages (assistant `tool_calls`, `role: tool` results), and the
+  server answers with `tool_calls` (vLLM with `--enable-auto-tool-choice --tool-call-parser`,
+  SGLang, hosted APIs). Call text the server left unparsed in the content (vLLM's hermes parser
+  gives up on the whole reply when one block is malformed) is parsed as in the prompted path, so a
+  malformed call reads as the same Tool Verifier problem either way.
+- `prompted`: the Hermes/Qwen layout in the prompt, for endpoints or models without tool support:
+  the tools are listed inside `<tools>...</tools>` in the assistant's system prompt and the model
+  answers with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; results go back
+  as `<tool_response>` messages. Works with any endpoint and any chat template.
+Both store the conversation in the OpenAI `tool_calls` message format, with call ids numbered
+per conversation (`call_1`, ...) and arguments as canonical JSON text, so the same model text
+gives the same record by either path. Every call is checked by the Tool Verifier
+(`tool_validate.tool_call_problems`: the function exists, the arguments validate against its JSON
+schema, rule checks) before the Tool model sees it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from synth.domains.tool_validate import parse_arguments, tool_call_problems, tools_by_name
+from synth.toolcalls import canonical_arguments, hermes_blocks, parse_json_object, render_hermes_call
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
-_FENCE_RE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+PROTOCOLS = ("native", "prompted")
 
 ASSISTANT_SYSTEM = """{preamble}
 
@@ -42,24 +50,6 @@ def render_tools(tools: list[dict[str, Any]]) -> str:
     return "\n".join(json.dumps(t, sort_keys=True, ensure_ascii=False) for t in tools)
 
 
-def parse_json_object(text: str) -> dict[str, Any]:
-    """A JSON object from a model's reply (a fenced block, or the first {...} span). ValueError otherwise."""
-    s = _FENCE_RE.sub("", text.strip()).strip()
-    try:
-        obj = json.loads(s)
-    except json.JSONDecodeError:
-        start, end = s.find("{"), s.rfind("}")
-        if start < 0 or end <= start:
-            raise ValueError("no JSON object in the reply") from None
-        try:
-            obj = json.loads(s[start:end + 1])
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
 @dataclass
 class AssistantTurn:
     content: str | None
@@ -69,24 +59,40 @@ class AssistantTurn:
 
 def parse_assistant_turn(text: str, call_ids: Callable[[], str]) -> AssistantTurn:
     """Split a prompted assistant reply into its text and OpenAI-format tool calls."""
-    blocks = _TOOL_CALL_RE.findall(text)
-    content = _TOOL_CALL_RE.sub("", text).strip() or None
-    calls: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for raw in blocks:
-        try:
-            obj = parse_json_object(raw)
-        except ValueError as e:
-            problems.append(f"tool call block is not a JSON object: {e}")
-            continue
-        name = obj.get("name")
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if not isinstance(name, str) or not name:
-            problems.append("tool call block without a function name")
-            continue
-        arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, sort_keys=True)
-        calls.append({"id": call_ids(), "type": "function", "function": {"name": name, "arguments": arguments}})
-    return AssistantTurn(content, calls, problems)
+    found = hermes_blocks(text)
+    calls = [{"id": call_ids(), "type": "function", "function": c} for c in found.calls]
+    return AssistantTurn(found.content, calls, found.problems)
+
+
+def native_assistant_turn(content: str | None, tool_calls: list[dict[str, Any]] | None,
+                          call_ids: Callable[[], str]) -> AssistantTurn:
+    """An answer of native tool calling as the same `AssistantTurn` the prompted path gives: the
+    server's calls renumbered per conversation with canonical arguments, then whatever call text
+    the server left in the content, parsed as a prompted reply is."""
+    calls = [{"id": call_ids(), "type": "function",
+              "function": {"name": c["function"]["name"], "arguments": canonical_arguments(c["function"]["arguments"])}}
+             for c in tool_calls or []]
+    rest = parse_assistant_turn(content or "", call_ids)
+    return AssistantTurn(rest.content, calls + rest.calls, rest.problems)
+
+
+def to_native_messages(system: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as an OpenAI tool-calling request carries it (system first)."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for m in messages:
+        if m["role"] == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": m.get("content")}
+            if m.get("tool_calls"):
+                msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": dict(c["function"])}
+                                     for c in m["tool_calls"]]
+            elif msg["content"] is None:
+                msg["content"] = ""
+            out.append(msg)
+        elif m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
 
 
 def to_prompt_messages(system: str, messages: list[dict[str, Any]], tool_result_role: str = "user") -> list[dict[str, Any]]:
@@ -101,9 +107,8 @@ def to_prompt_messages(system: str, messages: list[dict[str, Any]], tool_result_
                 try:
                     args: Any = parse_arguments(c)
                 except ValueError:            # kept as written when it is not a JSON object
-                    args = c["function"].get("arguments")
-                parts.append("<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": args},
-                                                          ensure_ascii=False) + "\n</tool_call>")
+                    args = json.dumps(c["function"].get("arguments"))
+                parts.append(render_hermes_call(c["function"]["name"], args))
             out.append({"role": "assistant", "content": "\n".join(p for p in parts if p)})
         elif m["role"] == "tool":
             text = f"<tool_response>\n{m['content']}\n</tool_response>"
@@ -140,9 +145,10 @@ Ask = Callable[[str, list[dict[str, Any]], tuple], Awaitable[str]]
 class SimOptions:
     max_steps_per_turn: int = 4           # assistant messages (with calls) before a final answer
     user_turns: int = 1                   # user messages in all (multi-turn: 2 or more)
-    tool_result_role: str = "user"
+    tool_result_role: str = "user"        # prompted protocol: the role that carries <tool_response> blocks
     turn_judge: bool = True
     stop_on_violation: bool = True
+    protocol: str = "prompted"            # native | prompted (see the module docstring)
 
 
 @dataclass
@@ -161,15 +167,19 @@ class SimResult:
 
 
 async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str, opts: SimOptions,
-                   assistant: Callable[[list[dict[str, Any]], tuple], Awaitable[str]],
+                   assistant: Callable[[list[dict[str, Any]], tuple], Awaitable[Any]],
                    tool_model: Callable[[dict[str, Any], list[dict[str, Any]], tuple], Awaitable[str]],
                    user_model: Callable[[list[dict[str, Any]], int, tuple], Awaitable[str | None]] | None = None,
                    turn_judge: Callable[[list[dict[str, Any]], dict[str, Any], tuple], Awaitable[tuple[bool | None, str]]] | None = None,
                    ) -> SimResult:
     """Run one conversation. The callables wrap teacher requests (their last argument is a key
     that makes each request's seed unique); `user_model` returns the next user message or None
-    when the user is done. Stops at the first failed check (tool verifier, tool response, turn
-    judge) with the reason."""
+    when the user is done. `assistant` gets the request messages of `opts.protocol` (prompted:
+    the Hermes layout with `system` listing the tools; native: OpenAI messages, `system` without
+    them) and returns the reply text (prompted) or `(content, tool_calls)` (native). Stops at the
+    first failed check (tool verifier, tool response, turn judge) with the reason."""
+    if opts.protocol not in PROTOCOLS:
+        raise ValueError(f"unknown tool protocol {opts.protocol!r} ({' | '.join(PROTOCOLS)})")
     exposed = tools_by_name(tools)
     messages: list[dict[str, Any]] = [{"role": "user", "content": first_user}]
     res = SimResult(messages, ok=False)
@@ -184,8 +194,12 @@ async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str,
         answered = False
         for step in range(opts.max_steps_per_turn):
             key = (turn, step)
-            reply = await assistant(to_prompt_messages(system, messages, opts.tool_result_role), key)
-            parsed = parse_assistant_turn(reply, next_id)
+            if opts.protocol == "native":
+                content, calls = await assistant(to_native_messages(system, messages), key)
+                parsed = native_assistant_turn(content, calls, next_id)
+            else:
+                reply = await assistant(to_prompt_messages(system, messages, opts.tool_result_role), key)
+                parsed = parse_assistant_turn(reply, next_id)
             msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.calls:
                 msg["tool_calls"] = parsed.calls

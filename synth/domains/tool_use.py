@@ -11,7 +11,15 @@ conversation type, topic conditioned on the type):
                         through the inline turn-level judge (sub-stages in the manifest)
   tool_rules            rule checks on the whole conversation (structure, conversation type, <= 15 tools)
   tool_trajectory_judge the trajectory-level judge
-  format_tool_use       records in the OpenAI `tool_calls` message format
+  format_tool_use       records in the OpenAI `tool_calls` message format, the exposed tools in
+                        the record's `tools` field
+
+The Assistant model calls tools natively (OpenAI `tools` in the request, `tool_calls` in the
+answer) or prompted (the Hermes/Qwen layout in the prompt), by `tool_protocol: native | prompted
+| auto` of the simulation steps; `auto` (the default) probes the assistant's endpoint once
+(`synth.backends.tool_support`) and takes native where the endpoint accepts tools and its chat
+template renders them, prompted otherwise (the demo's SmolLM2). Both give the same records and
+the same validation; each record says which in `meta.tool_protocol`.
 
 The specialized conversational pipeline (`tool_use_conversational.yaml`), per seed domain:
   cs_subdomain -> cs_policy_tools (generation, self-refinement on failed checks, a few-shot
@@ -26,18 +34,20 @@ import asyncio
 import json
 import random
 import re
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from jsonschema import Draft202012Validator
 from pydantic import Field
 
 from common.hashing import stable_id
+from synth.backends import tool_support
+from synth.client import RetriesExhausted
 from synth.domains import tool_sim
 from synth.domains.glue import (VERDICT_SCHEMA, JudgeParams, StepCfg, add_candidate, ask, build_record,
                                 parse_pass_fail, render, request_seed)
 from synth.domains.seeds import load_domains, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems, tool_definition_problems
-from synth.pipeline import Row, Step, register_source, register_step
+from synth.pipeline import Row, RowError, Step, register_source, register_step
 from synth.records import Verification
 
 TYPE_INSTRUCTIONS = {
@@ -236,14 +246,41 @@ class SimCfg(StepCfg):
     tool_params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.3, "max_tokens": 300})
     tool_template: str = TOOL_PROMPT
     turn_judge_template: str = TURN_JUDGE_PROMPT
+    # how the Assistant model calls tools: native OpenAI tool calling, the prompted Hermes layout,
+    # or auto (native where the assistant's endpoint supports it; probed once per run)
+    tool_protocol: Literal["auto", "native", "prompted"] = "auto"
+
+
+async def resolve_tool_protocol(step: Step, setting: str, role: str) -> tuple[str, str]:
+    """(protocol, why) for the assistant teacher `role`."""
+    if setting != "auto":
+        return setting, "configured"
+    backend = step.env.backend(role)
+    try:
+        support = await tool_support(backend)
+    except RetriesExhausted as e:
+        raise RowError(f"teacher '{role}' ({backend.cfg.model}): the tool-calling probe failed: {e}") from e
+    return ("native" if support.native else "prompted"), support.reason
+
+
+def system_prompt(protocol: str, preamble: str, tools: list[dict[str, Any]]) -> str:
+    """The Assistant's system prompt: the preamble, plus the tool list and calling convention when
+    they travel in the prompt (native: the server's chat template renders `tools`)."""
+    if protocol == "native":
+        return preamble
+    return render(tool_sim.ASSISTANT_SYSTEM, {"preamble": preamble, "tools": tool_sim.render_tools(tools)})
 
 
 def sim_callables(step: Step, row: Row, cfg: SimCfg, tools: list[dict[str, Any]], query_of: Any, key: tuple,
-                  tool_context: str = "", followup: Any = None) -> dict[str, Any]:
+                  tool_context: str = "", followup: Any = None, protocol: str = "prompted") -> dict[str, Any]:
     """The teacher-backed callables `tool_sim.simulate` needs; `key` makes their seeds unique."""
     by_name = {t["function"]["name"]: t for t in tools}
 
-    async def assistant(messages: list[dict[str, Any]], k: tuple) -> str:
+    async def assistant(messages: list[dict[str, Any]], k: tuple) -> Any:
+        if protocol == "native":
+            res = await ask(step, row, cfg.assistant, messages, "assistant", *key, *k, params=cfg.assistant_params,
+                            tools=tools, tool_choice="auto")
+            return res.content, res.tool_calls
         return (await ask(step, row, cfg.assistant, messages, "assistant", *key, *k, params=cfg.assistant_params)).content
 
     async def tool_model(call: dict[str, Any], messages: list[dict[str, Any]], k: tuple) -> str:
@@ -276,7 +313,8 @@ class ToolSimulate(Step):
         tools = row.fields["tools"]
         ctype = row.fields["conversation_type"]
         user_turns = self.cfg.multi_turn_user_turns if ctype == "multi_turn" else 1
-        system = render(tool_sim.ASSISTANT_SYSTEM, {"preamble": self.cfg.system_preamble, "tools": tool_sim.render_tools(tools)})
+        protocol, _ = await resolve_tool_protocol(self, self.cfg.tool_protocol, self.cfg.assistant) if alive else ("", "")
+        system = system_prompt(protocol, self.cfg.system_preamble, tools)
         kept = 0
         for q in alive:
             async def followup(messages: list[dict[str, Any]], turn: int, k: tuple) -> str | None:
@@ -286,17 +324,19 @@ class ToolSimulate(Step):
                 return None if not text or "[DONE]" in text else text.strip('"')
 
             first = q.text
-            fns = sim_callables(self, row, self.cfg, tools, lambda msgs: first, (q.index,), followup=followup)
+            fns = sim_callables(self, row, self.cfg, tools, lambda msgs: first, (q.index,), followup=followup,
+                                protocol=protocol)
             opts = tool_sim.SimOptions(max_steps_per_turn=self.cfg.max_steps_per_turn, user_turns=user_turns,
                                        tool_result_role=self.cfg.tool_result_role, turn_judge=self.cfg.turn_judge,
-                                       stop_on_violation=self.cfg.stop_on_violation)
+                                       stop_on_violation=self.cfg.stop_on_violation, protocol=protocol)
             sim = await tool_sim.simulate(tools=tools, system=system, first_user=q.text, opts=opts, **fns)
             for stage, (a, b) in sim.stage_counts.items():
                 count_stage(row, f"{self.name}.{stage}", a, b)
             c = add_candidate(self, row, "trajectory", json.dumps(sim.messages, ensure_ascii=False), self.cfg.assistant,
                               self.cfg.assistant_params, None, request_seed(self, row, "assistant", q.index),
                               messages=sim.messages, turn_judgements=sim.turn_judgements,
-                              schema_violations=sim.schema_violations, query_gate=q.parsed.get("query_gate"))
+                              schema_violations=sim.schema_violations, query_gate=q.parsed.get("query_gate"),
+                              tool_protocol=protocol)
             if sim.ok:
                 kept += 1
             else:
@@ -345,7 +385,7 @@ class ToolTrajectoryJudge(Step):
 
 
 class FormatToolUse(Step):
-    """Records in the OpenAI `tool_calls` message format; the exposed tools travel in `meta.tools`."""
+    """Records in the OpenAI `tool_calls` message format; the exposed tools in the record's `tools`."""
 
     class Config(StepCfg):
         tool_teacher: str = "tool"
@@ -355,7 +395,8 @@ class FormatToolUse(Step):
         for c in alive:
             msgs = c.parsed["messages"]
             meta = {
-                "toolset_ids": row.fields["toolset_ids"], "tools": row.fields["tools"], "persona_id": row.fields["persona_id"],
+                "toolset_ids": row.fields["toolset_ids"], "persona_id": row.fields["persona_id"],
+                "tool_protocol": c.parsed.get("tool_protocol"),
                 "conversation_type": row.fields["conversation_type"], "topic": row.fields["topic"],
                 "query_gate": c.parsed.get("query_gate"), "turn_judgements": c.parsed["turn_judgements"],
                 "schema_violations": len(c.parsed["schema_violations"]),
@@ -366,7 +407,8 @@ class FormatToolUse(Step):
             verification = Verification(method="tool_schema+rules+judges", verdict=True, score=None,
                                         rule="query_gate,tool_verifier,turn_judge,rules,trajectory_judge")
             row.records.append(build_record(self, row, ("trajectory", c.index), msgs, teacher=c.teacher,
-                                            verification=verification, meta=meta, category="tool_calling"))
+                                            verification=verification, meta=meta, category="tool_calling",
+                                            tools=row.fields["tools"]))
         self.count(row, len(alive), len(alive))
 
 
@@ -648,8 +690,8 @@ class CsRollouts(Step):
             self.count(row, 0, 0)
             return
         policy, tools = setups[0].parsed["policy"], setups[0].parsed["tools"]
-        system = render(tool_sim.ASSISTANT_SYSTEM, {
-            "preamble": render(self.cfg.agent_preamble, dict(row.fields, policy=policy)), "tools": tool_sim.render_tools(tools)})
+        protocol, _ = await resolve_tool_protocol(self, self.cfg.tool_protocol, self.cfg.assistant)
+        system = system_prompt(protocol, render(self.cfg.agent_preamble, dict(row.fields, policy=policy)), tools)
 
         async def one(sc_c: Any, r: int) -> tuple[Any, int, tool_sim.SimResult]:
             sc = sc_c.parsed["scenario"]
@@ -663,10 +705,10 @@ class CsRollouts(Step):
             first = await customer([], 0, (0,))
             fns = sim_callables(self, row, self.cfg, tools, lambda msgs: sc["inquiry"], (sc_c.index, r),
                                 tool_context=f"Facts of this case (keep results consistent with them): {sc['background']}",
-                                followup=customer)
+                                followup=customer, protocol=protocol)
             opts = tool_sim.SimOptions(max_steps_per_turn=self.cfg.max_steps_per_turn, user_turns=self.cfg.max_user_turns,
                                        tool_result_role=self.cfg.tool_result_role, turn_judge=self.cfg.turn_judge,
-                                       stop_on_violation=self.cfg.stop_on_violation)
+                                       stop_on_violation=self.cfg.stop_on_violation, protocol=protocol)
             if first is None:
                 return sc_c, r, tool_sim.SimResult([], ok=False, reason="the customer wrote no first message")
             return sc_c, r, await tool_sim.simulate(tools=tools, system=system, first_user=first, opts=opts, **fns)
@@ -679,7 +721,8 @@ class CsRollouts(Step):
             c = add_candidate(self, row, "rollout", json.dumps(sim.messages, ensure_ascii=False), self.cfg.assistant,
                               self.cfg.assistant_params, None, request_seed(self, row, "assistant", sc_c.index, r),
                               scenario_idx=sc_c.index, rollout_idx=r, messages=sim.messages, sim_ok=sim.ok,
-                              sim_reason=sim.reason, schema_violations=sim.schema_violations, success=False)
+                              sim_reason=sim.reason, schema_violations=sim.schema_violations, success=False,
+                              tool_protocol=protocol)
             completed += int(sim.ok)
         # a failed simulation is a failed attempt, not a removed one: every rollout stays for the count
         self.count(row, len(results), completed)
@@ -761,7 +804,7 @@ class CsSelect(Step):
                         self.reject(row, c, c.parsed.get("failure") or "failed")
                     continue
                 meta = {"domain": row.fields["domain"], "subdomain": row.fields.get("subdomain"), "policy": policy,
-                        "tools": tools, "scenario": scen[idx].parsed["scenario"], "scenario_idx": idx,
+                        "tool_protocol": c.parsed.get("tool_protocol"), "scenario": scen[idx].parsed["scenario"], "scenario_idx": idx,
                         "rollout_idx": c.parsed["rollout_idx"], "k": k, "successes": s, "pass_rate": s / k,
                         "outcome_judgement": c.parsed["outcome"], "process_judgement": c.parsed["process"],
                         "schema_violations": len(c.parsed["schema_violations"])}
@@ -769,7 +812,7 @@ class CsSelect(Step):
                 verification = Verification(method="outcome+process judges+expected calls", verdict=True, score=s / k,
                                             rule=f"0 < successes ({s}) < k ({k})")
                 row.records.append(build_record(self, row, ("rollout", idx, c.parsed["rollout_idx"]), msgs, teacher=c.teacher,
-                                                verification=verification, meta=meta, category="tool_calling"))
+                                                verification=verification, meta=meta, category="tool_calling", tools=tools))
         self.count(row, len(by_sc), kept)
 
 

@@ -80,3 +80,78 @@ def test_an_export_with_nothing_accepted_is_an_empty_train_split(tmp_path):
     dd = load_export(tmp_path / "ex")
     assert len(dd["train"]) == 0 and "messages" in dd["train"].column_names
     assert (tmp_path / "ex" / "train.jsonl").read_text() == ""
+
+
+# ---- tool definitions (synth-record/2) -------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+def tool_record(i: int = 0, tools=None) -> SynthRecord:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    return SynthRecord(id=f"t{i}", generator="tool_use", prompt_id=f"p{i}", category="tool_calling",
+                       tools=[WEATHER] if tools is None else tools,
+                       messages=[Message(role="user", content="Weather in Oslo?"),
+                                 Message(role="assistant", content=None, tool_calls=[call]),
+                                 Message(role="tool", tool_call_id="call_1", content='{"temp_c": 3}'),
+                                 Message(role="assistant", content="3 C in Oslo.")])
+
+
+def test_tools_field_is_validated_and_kept_verbatim(tmp_path):
+    rec = tool_record()
+    assert rec.schema_ == "synth-record/2" and rec.tools == [WEATHER]
+    p = tmp_path / "r.jsonl"
+    write_records(p, [rec, sft(1)])
+    back = list(read_records(p))
+    assert back[0].tools == [WEATHER] and back[1].tools is None
+    assert json.loads(p.read_text().splitlines()[0])["tools"] == [WEATHER]      # no fields added to a definition
+    for bad, why in (([{"type": "function"}], "expected"), ([{"type": "function", "function": {"name": ""}}], "name"),
+                     ([dict(WEATHER, extra=1)], "unknown keys"), ([WEATHER, WEATHER], "duplicate"),
+                     ([{"type": "function", "function": {"name": "f", "parameters": "x"}}], "JSON schema object")):
+        with pytest.raises(ValueError, match=why):
+            tool_record(tools=bad)
+    line = json.loads(p.read_text().splitlines()[0])
+    line["tools"] = [{"type": "function", "function": {"name": "f", "params": {}}}]
+    p.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ContractError) as ei:
+        list(read_records(p))
+    assert "line 1" in str(ei.value) and "t0" in str(ei.value) and "tools" in str(ei.value)
+
+
+def test_version_1_records_and_exports_are_still_read(tmp_path):
+    v2 = json.loads(sft(0).to_json_line())
+    v1 = {k: v for k, v in v2.items() if k != "tools"}
+    v1["schema"] = "synth-record/1"
+    p = tmp_path / "old.jsonl"
+    p.write_text(json.dumps(v1) + "\n")
+    (rec,) = read_records(p)
+    assert rec.schema_ == "synth-record/2" and rec.tools is None and rec.messages[1].content == "q0"
+    p.write_text(json.dumps(dict(v1, tools=[WEATHER])) + "\n")       # /1 had no tools field
+    with pytest.raises(ContractError, match="tools"):
+        list(read_records(p))
+    # an export written before tools: the same columns without `tools`, record_schema /1
+    export_records([sft(0), sft(1, "off")], tmp_path / "ex")
+    man = json.loads((tmp_path / "ex" / "export_manifest.json").read_text())
+    import datasets
+    dd = datasets.load_from_disk(str(tmp_path / "ex" / "dataset"))
+    datasets.DatasetDict({"train": dd["train"].remove_columns(["tools"])}).save_to_disk(str(tmp_path / "old" / "dataset"))
+    man["record_schema"] = "synth-record/1"
+    (tmp_path / "old" / "export_manifest.json").write_text(json.dumps(man))
+    old = load_export(tmp_path / "old")
+    assert "tools" not in old["train"].column_names and len(old["train"]) == 2
+    man["record_schema"] = "synth-record/2"
+    (tmp_path / "old" / "export_manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ContractError, match="missing \\['tools'\\]"):
+        load_export(tmp_path / "old")
+
+
+def test_export_carries_tools_as_json_text(tmp_path):
+    export_records([tool_record(), sft(1)], tmp_path / "ex")
+    train = load_export(tmp_path / "ex")["train"]
+    assert json.loads(train[0]["tools"]) == [WEATHER] and train[1]["tools"] is None
+    assert train[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+    import pyarrow.parquet as pq
+    rows = pq.read_table(tmp_path / "ex" / "train.parquet").to_pylist()
+    assert json.loads(rows[0]["tools"]) == [WEATHER]
