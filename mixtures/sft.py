@@ -6,11 +6,17 @@ mask on assistant tokens only, packed into windows, written as a shard set (kind
 Rendering. The built-in template is Qwen3-style ChatML: `<|im_start|>{role}\\n{content}<|im_end|>\\n`,
 assistant tool calls as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, tool
 results as `<tool_response>` blocks inside a user turn, system prompts such as
-`detailed thinking on|off` kept verbatim. The targets are every assistant turn's content and its
-closing `<|im_end|>` (the model learns to stop); headers, system, user and tool text are context.
-Any Hugging Face Jinja chat template can be used instead: each assistant turn's span is what
-rendering the conversation up to that turn adds after the generation prompt, so the template
-must render prefixes consistently (an error names the record when it does not).
+`detailed thinking on|off` kept verbatim. A record's tool definitions (contract 6 `tools`; older
+records carried them in `meta.tools`) are rendered as Qwen3/Hermes templates do: a system turn
+(the record's system prompt, a blank line, then `# Tools` with one JSON definition per line
+inside `<tools></tools>` and the calling convention). The targets are every assistant turn's
+content, its tool calls and its closing `<|im_end|>` (the model learns to call and to stop);
+headers, system (with the tools), user and tool-result text are context.
+Any Hugging Face Jinja chat template can be used instead (it gets `messages`, `tools` and
+`add_generation_prompt`; tool-call arguments are passed decoded, as transformers expects): each
+assistant turn's span is what rendering the conversation up to that turn adds after the
+generation prompt, so the template must render prefixes consistently (an error names the record
+when it does not).
 
 Packing. Conversations (each followed by EOS, mask 0) are taken in a seeded order and packed
 next-fit into windows of `seq_len` tokens starting at multiples of `seq_len`; the rest of a
@@ -64,21 +70,38 @@ class SftConfig(BaseModel):
 Segment = tuple[str, bool]          # (text, is_target)
 
 
+TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def tools_system_text(system: str | None, tools: list[dict[str, Any]]) -> str:
+    """The system turn's text when tools are exposed, as Qwen3/Hermes chat templates write it: the
+    system prompt (if any) and a blank line, then the tool definitions, one JSON object per line."""
+    head = f"{system}\n\n" if system else ""
+    return head + TOOLS_HEADER + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_FOOTER
+
+
 def _tool_call_text(tc: dict[str, Any]) -> str:
-    fn = tc.get("function") or {}
+    """One call as Qwen3's template writes it: arguments given as JSON text verbatim, decoded
+    ones dumped."""
+    fn = tc.get("function") or tc
     args = fn.get("arguments")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            pass
-    return "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+    args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return f'<tool_call>\n{{"name": {json.dumps(fn.get("name"), ensure_ascii=False)}, "arguments": {args_text}}}\n</tool_call>'
 
 
-def render_chatml(messages: list[dict[str, Any]]) -> list[Segment]:
-    """Qwen3-style ChatML segments with the assistant targets marked."""
+def render_chatml(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[Segment]:
+    """Qwen3-style ChatML segments with the assistant targets marked; `tools` (OpenAI tool
+    definitions) go into the system turn."""
     segs: list[Segment] = []
     i = 0
+    if tools:
+        system = messages[0].get("content") if messages and messages[0].get("role") == "system" else None
+        segs.append((f"<|im_start|>system\n{tools_system_text(system, tools)}<|im_end|>\n", False))
+        i = 1 if system is not None else 0
     while i < len(messages):
         m = messages[i]
         role = m.get("role")
@@ -114,9 +137,9 @@ class JinjaTemplate:
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        path = Path(source)
         text = source
-        if path.is_file():
+        path = Path(source) if len(source) < 4096 and "\n" not in source and "{" not in source else None
+        if path is not None and path.is_file():
             text = path.read_text(encoding="utf-8")
             if path.suffix == ".json":
                 text = json.loads(text).get("chat_template") or ""
@@ -131,18 +154,20 @@ class JinjaTemplate:
         env.globals["raise_exception"] = raise_exception
         self.template = env.from_string(text)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools or None)
 
-    def segments(self, messages: list[dict[str, Any]]) -> list[Segment]:
-        full = self.render(messages)
+    def segments(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[Segment]:
+        messages = template_messages(messages)
+        full = self.render(messages, tools=tools)
         segs: list[Segment] = []
         pos = 0
         for i, m in enumerate(messages):
             if m.get("role") != "assistant":
                 continue
-            prompt = self.render(messages[:i], add_generation_prompt=True)
-            upto = self.render(messages[:i + 1])
+            prompt = self.render(messages[:i], add_generation_prompt=True, tools=tools)
+            upto = self.render(messages[:i + 1], tools=tools)
             if not upto.startswith(prompt) or not full.startswith(upto) or len(prompt) < pos:
                 raise ValueError("the chat template does not render conversation prefixes consistently "
                                  f"(assistant turn {i}); use chat_template: chatml")
@@ -153,6 +178,28 @@ class JinjaTemplate:
             pos = len(prompt) + len(target)
         segs.append((full[pos:], False))
         return [s for s in segs if s[0]]
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as Hugging Face chat templates expect them: tool-call arguments decoded (records
+    carry them as JSON text, the OpenAI wire format); arguments that are not a JSON object stay text."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for tc in m["tool_calls"]:
+                fn = dict(tc.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        args = json.loads(fn["arguments"])
+                    except json.JSONDecodeError:
+                        args = None
+                    if isinstance(args, dict):
+                        fn["arguments"] = args
+                calls.append(dict(tc, function=fn))
+            m = dict(m, tool_calls=calls)
+        out.append(m)
+    return out
 
 
 def encode_segments(tokenizer: Tokenizer, segments: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
@@ -193,6 +240,32 @@ def iter_records(inputs: list[str]) -> Iterator[tuple[str, int, dict[str, Any]]]
                             yield str(f), i, json.loads(line)
                         except json.JSONDecodeError as e:
                             yield str(f), i, {"_error": f"not JSON ({e})"}
+
+
+def record_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tool definitions of a record: `tools` (a list, or JSON text as the synth parquet export
+    writes it), else `meta.tools` (records written before contract 6 had `tools`). ValueError
+    when they are not a list of function definitions."""
+    tools = rec.get("tools")
+    if tools is None:
+        meta = rec.get("meta")
+        if isinstance(meta, str):
+            try:
+                meta = json.loads(meta)
+            except json.JSONDecodeError:
+                meta = None
+        tools = meta.get("tools") if isinstance(meta, dict) else None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tools are not valid JSON ({e.msg})") from None
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str)
+                                              for t in tools):
+        raise ValueError("tools are not a list of tool definitions")
+    return tools
 
 
 def record_problem(rec: dict[str, Any]) -> str | None:
@@ -245,7 +318,8 @@ def materialize_sft(cfg: SftConfig, out_dir: str | os.PathLike, progress: Callab
         rid = str(rec.get("id") or f"{Path(f).name}:{i}")
         if why is None:
             try:
-                segs = template.segments(rec["messages"]) if template else render_chatml(rec["messages"])
+                tools = record_tools(rec)
+                segs = template.segments(rec["messages"], tools) if template else render_chatml(rec["messages"], tools)
                 toks, mask = encode_segments(tokenizer, segs)
                 toks = np.append(toks, tokenizer.eos_id)
                 mask = np.append(mask, 0).astype(np.uint8)
