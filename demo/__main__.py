@@ -20,7 +20,20 @@ STAGE_FILE = "stage.json"
 def run_demo(root: Path, profile: str = "demo", only: set[str] | None = None, force: set[str] | None = None) -> DemoContext:
     ctx = DemoContext(root=root, profile=profile)
     root.mkdir(parents=True, exist_ok=True)
-    force = force or set()
+    try:
+        _run_stages(ctx, profile, only, force or set())
+    finally:
+        # a stage module may hold resources across stages (the synth teacher); its `cleanup(ctx)`
+        # releases them when the run ends, also after an error or Ctrl-C
+        for _, module_name in reversed(STAGES):
+            cleanup = getattr(sys.modules.get(module_name), "cleanup", None)
+            if cleanup is not None:
+                cleanup(ctx)
+    return ctx
+
+
+def _run_stages(ctx: DemoContext, profile: str, only: set[str] | None, force: set[str]) -> None:
+    root = ctx.root
     for name, module_name in STAGES:
         ctx.stage = name
         done = root / name / STAGE_FILE
@@ -42,7 +55,6 @@ def run_demo(root: Path, profile: str = "demo", only: set[str] | None = None, fo
         ctx.results[name] = result
         atomic.write_json(done, {"profile": profile, "upstream": upstream, "elapsed_s": round(elapsed, 1), "result": result})
         ctx.step(f"done in {elapsed:.1f}s")
-    return ctx
 
 
 def print_summary(ctx: DemoContext) -> None:

@@ -1,19 +1,23 @@
 """Demo stage "synth_domains": the text-to-SQL and general tool-use generators (Nemotron 3 Super
 §3.1.1) against the synth stage's teacher, with acceptance printed for every stage.
 
-The teacher is the one the "synth" stage used (SmolLM2-135M-Instruct behind vLLM's OpenAI server;
-restarted here from the launch spec that stage recorded, or reused if it still runs), or the
-scripted server when that stage ran with it (`ci` profile without .venv-vllm). Both generators run
-at once against it, so the server batches their requests. So small a model gets almost nothing
-through: its schemas, queries and tool calls fail the validators, which is what this stage shows
-(every rejection is in each run's rejects.jsonl with its stage and reason).
+The teacher is the one the "synth" stage started (SmolLM2-135M-Instruct behind vLLM's OpenAI
+server, or the scripted server in the `ci` profile), still running: it is started once for both
+stages. When the synth stage was reused from an earlier run, the teacher is started again from
+the launch spec that stage recorded. This stage is its last user and stops it when done (also on
+an error or Ctrl-C). Both generators run at once against it, so the server batches their
+requests. SmolLM2's chat template has no tools, so the tool-use generator's `tool_protocol: auto`
+finds the endpoint without native tool calling and prompts the Hermes layout. So small a model
+gets almost nothing through: its schemas, queries and tool calls fail the validators, which is
+what this stage shows (every rejection is in each run's rejects.jsonl with its stage and reason).
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
+
+from demo.synth_stage import release_teacher, shared_teacher
 
 # Smaller token budgets than the shipped configs: a 135M model rambles, and the stage has ~1.5 min.
 SQL_PARAMS = {"schema": {"max_tokens": 360, "temperature": 0.7}, "task": {"max_tokens": 160, "temperature": 0.7}}
@@ -22,20 +26,6 @@ TOOL_PARAMS = {"query": {"params": {"max_tokens": 60, "temperature": 0.8}},
                             "tool_params": {"max_tokens": 80, "temperature": 0.3},
                             "user_params": {"max_tokens": 60, "temperature": 0.8}, "max_steps_per_turn": 2}}
 JUDGE_PARAMS = {"temperature": 0.0, "max_tokens": 40}
-
-
-def _teacher(ctx: Any, out: Path) -> tuple[str, Any, str]:
-    """(base_url, handle to stop or None, engine) from the synth stage's teacher description."""
-    teacher = ctx.result("synth")["teacher"]
-    if teacher.get("spec"):
-        from synth import servers
-        ctx.step("starting the teacher again from the synth stage's launch spec (vLLM, SmolLM2-135M-Instruct)")
-        base_url, srv = servers.ensure_server(teacher, log_dir=out / "logs")
-        return base_url, srv, teacher.get("engine", "vllm")
-    from synth.fakeserver import FakeOpenAIServer
-    ctx.step("the synth stage used the scripted teacher (no .venv-vllm): using it here too")
-    fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False).start()
-    return fake.base_url, fake, "purokit-fakeserver"
 
 
 def _configure(name: str, base_url: str, engine: str, source: dict[str, Any], step_params: dict[str, dict[str, Any]]) -> Any:
@@ -58,6 +48,19 @@ def _configure(name: str, base_url: str, engine: str, source: dict[str, Any], st
     return GeneratorConfig.model_validate(data)
 
 
+def _tool_protocol(run_dir: Any) -> Any:
+    """How the tool-use run's assistant called tools (its `tool_protocol: auto` probe, cached with the answers)."""
+    from synth.backends import cached_tool_support
+    from synth.cache import ResponseCache
+    if not (run_dir / "cache.sqlite").is_file():
+        return None
+    cache = ResponseCache(run_dir / "cache.sqlite")
+    try:
+        return cached_tool_support(cache, "teacher")
+    finally:
+        cache.close()
+
+
 def _acceptance(m: Any) -> dict[str, dict[str, Any]]:
     return {name: {"in": sc["in"], "out": sc["out"], "acceptance": sc["acceptance"]} for name, sc in m.steps.items()}
 
@@ -70,21 +73,19 @@ def run(ctx: Any) -> dict[str, Any]:
     out = ctx.stage_dir()
     n_sql = int(ctx.size("synth_domains_sql_n", 8))
     n_tool = int(ctx.size("synth_domains_tool_n", 8))
-    base_url, handle, engine = _teacher(ctx, out)
     try:
+        base_url, engine = shared_teacher(ctx, out / "logs")
         sql_cfg = _configure("text_to_sql", base_url, engine, {"n": n_sql, "dialects": ["sqlite", "postgres", "mysql"]}, {})
         tool_cfg = _configure("tool_use", base_url, engine, {"n": n_tool}, TOOL_PARAMS)
         ctx.step(f"generating at once: {n_sql} text-to-SQL buckets and {n_tool} tool-use tasks against {base_url}")
 
         async def both() -> tuple[Any, Any]:
-            return await asyncio.gather(run_async(sql_cfg, out / "text_to_sql", progress=False),
-                                        run_async(tool_cfg, out / "tool_use", progress=False))
+            return await asyncio.gather(run_async(sql_cfg, out / "text_to_sql", progress=False, restart_if_changed=True),
+                                        run_async(tool_cfg, out / "tool_use", progress=False, restart_if_changed=True))
 
         sql_res, tool_res = asyncio.run(both())
     finally:
-        if handle is not None:
-            handle.stop()
-            ctx.step("teacher stopped")
+        release_teacher(ctx)              # the last stage that needs it
     result: dict[str, Any] = {"teacher": {"base_url": base_url, "engine": engine}}
     for name, res in (("text_to_sql", sql_res), ("tool_use", tool_res)):
         m = res.manifest
@@ -100,6 +101,10 @@ def run(ctx: Any) -> dict[str, Any]:
                         "manifest": str(res.out_dir / "manifest.json"), "n_records": m.counts["records"],
                         "n_prompts": m.counts["prompts"], "acceptance": acc,
                         "completion_tokens": m.usage["completion_tokens"]}
+    verdict = _tool_protocol(out / "tool_use")
+    if verdict is not None:
+        result["tool_use"]["tool_protocol"] = {"protocol": "native" if verdict.native else "prompted", "why": verdict.reason}
+        ctx.step(f"tool_use called tools {result['tool_use']['tool_protocol']['protocol']}: {verdict.reason}")
     return result
 
 
@@ -110,5 +115,6 @@ def summary(result: dict[str, Any]) -> list[str]:
         first_drop = next((s for s, sc in r["acceptance"].items() if sc["in"] and sc["out"] < sc["in"]), None)
         lines.append(f"{name}: {r['n_records']} records from {r['n_prompts']} prompts -> {r['records']}"
                      + (f" (first losses at stage '{first_drop}'; reasons in {r['rejects']})" if first_drop else ""))
-    lines.append(f"teacher: {result['teacher']['engine']} at {result['teacher']['base_url']} (stopped)")
+    lines.append(f"teacher: {result['teacher']['engine']} at {result['teacher']['base_url']} (the synth stage's, "
+                 "stopped after this stage)")
     return lines

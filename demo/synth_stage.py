@@ -15,16 +15,25 @@
    before any request; n samples per mode, format-checked (`<think>` in on-mode, none in off-mode),
    answers checked by math equivalence against the reference; strict pairs + off-mode bulk;
    exact duplicates and empty conversations removed; exported as jsonl, parquet and a DatasetDict.
-4. The teacher is stopped. The result holds the dataset path (the SFT stage packs `train`) and the
-   teacher's endpoint and launch spec, so a later stage can restart it (`synth.servers.ensure_server`).
+4. The teacher keeps running for the next stage (`synth_domains`), which takes it over with
+   `shared_teacher(ctx)` and stops it when it is done (`release_teacher`); the orchestrator's
+   end-of-run `cleanup(ctx)` stops it if that stage did not run, and it is stopped at once if
+   this stage fails (Ctrl-C included; a SIGTERM to the demo is turned into the same exit while a
+   teacher runs). The result holds the dataset path (the SFT stage packs `train`) and the
+   teacher's endpoint and launch spec, so a rerun whose synth stage is reused starts the teacher
+   again from that spec (`synth.servers.ensure_server`).
 The model's answers are weak; the point is the real protocol path and that verification rejects
 what is wrong: the acceptance rates printed say how much.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import signal
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +110,94 @@ def _generated_problems(n: int, seed: int) -> list[dict[str, Any]]:
     return list(arithmetic_source(seed, n=n))
 
 
+# ---- the teacher's lifetime: started once, shared by synth and synth_domains -------------------
+
+@dataclass
+class _Lease:
+    handle: Any                                  # RunningServer (vLLM) or FakeOpenAIServer (scripted)
+    base_url: str
+    engine: str
+    served: list[str] = field(default_factory=list)      # stages it answered
+    prev_sigterm: Any = None
+
+
+_LEASES: dict[str, _Lease] = {}                  # one per demo root in this process
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)               # unwinds through the stages' finally blocks and cleanup
+
+
+def _lease(ctx: Any, handle: Any, base_url: str, engine: str) -> _Lease:
+    lease = _Lease(handle, base_url, engine, [ctx.stage])
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        lease.prev_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    _LEASES[str(ctx.root)] = lease
+    return lease
+
+
+def _alive(lease: _Lease) -> bool:
+    from synth.servers import probe_models
+    alive = getattr(lease.handle, "alive", None)
+    if alive is not None and not alive():
+        return False
+    return probe_models(lease.base_url) is not None
+
+
+def shared_teacher(ctx: Any, log_dir: Path) -> tuple[str, str]:
+    """(base_url, engine) of the teacher the synth stage started in this run, or, when that stage
+    was reused from an earlier run, one started again from its recorded launch spec (or a new
+    scripted one); either way it is this run's to stop (`release_teacher`)."""
+    lease = _LEASES.get(str(ctx.root))
+    if lease is not None and _alive(lease):
+        lease.served.append(ctx.stage)
+        ctx.step(f"using the teacher the synth stage started ({lease.engine} at {lease.base_url})")
+        return lease.base_url, lease.engine
+    if lease is not None:
+        release_teacher(ctx)
+    teacher = ctx.result("synth")["teacher"]
+    if teacher.get("spec"):
+        from synth import servers
+        ctx.step("starting the teacher from the synth stage's launch spec (vLLM, SmolLM2-135M-Instruct)")
+        base_url, srv = servers.ensure_server(teacher, log_dir=log_dir)
+        if srv is not None:
+            _lease(ctx, srv, base_url, teacher.get("engine", "vllm"))
+        return base_url, teacher.get("engine", "vllm")
+    from synth.fakeserver import FakeOpenAIServer
+    ctx.step("the synth stage used the scripted teacher: starting it again")
+    fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False, tool_calling=False).start()
+    _lease(ctx, fake, fake.base_url, "purokit-fakeserver")
+    return fake.base_url, "purokit-fakeserver"
+
+
+def release_teacher(ctx: Any) -> None:
+    """Stop this run's teacher, if one runs."""
+    lease = _LEASES.pop(str(ctx.root), None)
+    if lease is None:
+        return
+    try:
+        lease.handle.stop()
+    finally:
+        if lease.prev_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lease.prev_sigterm)
+    ctx.step(f"teacher stopped (it served: {', '.join(lease.served)})")
+
+
+def cleanup(ctx: Any) -> None:
+    """End of the demo run (called by the orchestrator, also after an error): no teacher survives it."""
+    release_teacher(ctx)
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for lease in list(_LEASES.values()):
+        try:
+            lease.handle.stop()
+        except Exception:
+            pass
+    _LEASES.clear()
+
+
 def _teacher(ctx: Any, kind: str, out: Path) -> tuple[Any, dict[str, Any], str]:
     """(server handle with .stop(), teacher description, base_url)."""
     from synth import servers
@@ -118,7 +215,8 @@ def _teacher(ctx: Any, kind: str, out: Path) -> tuple[Any, dict[str, Any], str]:
     why = ("the profile asks for it" if kind == "scripted"
            else "no .venv-vllm here; `make teacher-env` builds the real one")
     ctx.step(f"starting the scripted teacher ({why})")
-    fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False).start()
+    # it stands for SmolLM2 behind vLLM without a tool parser: requests with tools are refused
+    fake = FakeOpenAIServer("arithmetic", model="teacher", record_bodies=False, tool_calling=False).start()
     return fake, {"kind": "scripted", "base_url": fake.base_url, "model": "teacher", "spec": None,
                   "engine": "purokit-fakeserver"}, fake.base_url
 
@@ -168,7 +266,9 @@ def run(ctx: Any) -> dict[str, Any]:
     data["post"] = [{"kind": "clean", "n": 13,
                      "evals": [{"name": "demo-math-test", "path": str(eval_path), "fields": ["question"]}]}]
 
+    release_teacher(ctx)                  # a teacher left from an earlier run of this stage in this process
     server, teacher, base_url = _teacher(ctx, teacher_kind, out)
+    _lease(ctx, server, base_url, teacher["engine"])
     try:
         for t in data["teachers"].values():
             t.update(endpoints=[base_url], model="teacher", engine=teacher["engine"], initial_concurrency=32,
@@ -177,9 +277,10 @@ def run(ctx: Any) -> dict[str, Any]:
         gen = GeneratorConfig.model_validate(data)
         ctx.step(f"generating: {len(problems)} problems x {n_samples} samples per mode")
         res = run_generator(gen, out / "run", progress=False, restart_if_changed=True)
-    finally:
-        server.stop()
-        ctx.step("teacher stopped")
+    except BaseException:
+        release_teacher(ctx)              # failed or interrupted: nothing will use it
+        raise
+    ctx.step("the teacher keeps running for the synth_domains stage")
     m = res.manifest
     steps = {name: {"in": sc["in"], "out": sc["out"], "acceptance": sc["acceptance"]} for name, sc in m.steps.items()}
     for name in ("decontaminate", "parse_reasoning:reasoning", "parse_reasoning:direct", "verify", "pair"):
@@ -205,7 +306,9 @@ def run(ctx: Any) -> dict[str, Any]:
         "prompts_dropped": m.counts["prompts_dropped"],
         "acceptance": steps,
         "problems_from": origin,
-        "teacher": {**teacher, "stopped": True,
+        "teacher": {**teacher,
+                    "lifetime": "started by this stage, served synth_domains too, stopped when the demo run no longer "
+                                "needs it",
                     "restart": "synth.servers.ensure_server(result['teacher']) (vLLM spec) or "
                                "python -m synth serve vllm --served-name teacher"},
         "completion_tokens": m.usage["completion_tokens"],
@@ -221,6 +324,6 @@ def summary(result: dict[str, Any]) -> list[str]:
         f"{result['n_strict_pairs']} strict reasoning on/off pairs, {result['n_records']} SFT records "
         f"from {result['n_prompts']} problems ({result['problems_from']})",
         f"verification accepted {v.get('out', 0)}/{v.get('in', 0)} answers; teacher {result['teacher'].get('engine')} "
-        f"at {result['teacher'].get('base_url')} (stopped)",
+        f"at {result['teacher'].get('base_url')} (shared with synth_domains, then stopped)",
         f"manifest: {result['manifest']}",
     ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -118,6 +119,14 @@ def _serve(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     extra = {k: v for k, v in (("tool_parser", a.tool_parser), ("chat_template", a.chat_template)) if v}
     spec = servers.default_spec(a.kind, model=a.model, served_name=a.served_name, port=a.port, python=a.python, **extra)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (kill, a supervisor) and SIGINT (also when started in the background, where a shell
+    # ignores it) both stop the server, never leave it running without this process
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     srv = servers.start_server(spec)
     print(f"serving {spec.served_name} at {srv.base_url} (pid {srv.pid}, log {srv.log_path}); Ctrl-C stops", flush=True)
     try:

@@ -449,6 +449,17 @@ async def probe_tool_support(backend: Any) -> ToolSupport:
     return ToolSupport(True, f"tools accepted and rendered (prompt {a.prompt_tokens} -> {b.prompt_tokens} tokens)")
 
 
+def tool_support_key(model: str) -> str:
+    """Where the probe's verdict for `model` is kept in a run's response cache."""
+    return cache_key({"probe": "tool_support/1", "model": model})
+
+
+def cached_tool_support(cache: ResponseCache, model: str) -> ToolSupport | None:
+    """The verdict a run recorded for `model`, if it probed."""
+    hit = cache.get(tool_support_key(model))
+    return ToolSupport(bool(hit["native"]), str(hit["reason"])) if hit is not None else None
+
+
 async def tool_support(backend: Any) -> ToolSupport:
     """`probe_tool_support`, once per backend; behind the cache the verdict is stored with the
     answers (keyed by model), so a rerun from the cache does not need the server."""
@@ -459,14 +470,11 @@ async def tool_support(backend: Any) -> ToolSupport:
     async with lock:
         if getattr(backend, "_tool_support", None) is None:
             cache = getattr(backend, "cache", None)
-            key = cache_key({"probe": "tool_support/1", "model": backend.cfg.model})
-            hit = cache.get(key) if cache is not None else None
-            if hit is not None:
-                verdict = ToolSupport(bool(hit["native"]), str(hit["reason"]))
-            else:
+            verdict = cached_tool_support(cache, backend.cfg.model) if cache is not None else None
+            if verdict is None:
                 verdict = await probe_tool_support(backend)
                 if cache is not None:
-                    cache.put(key, backend.cfg.model, verdict.to_json())
+                    cache.put(tool_support_key(backend.cfg.model), backend.cfg.model, verdict.to_json())
             log.info("teacher %s: %s tool calls (%s)", backend.cfg.model, "native" if verdict.native else "prompted",
                      verdict.reason)
             backend._tool_support = verdict

@@ -27,13 +27,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def vllm_teacher(tmp_path_factory):
-    """`python -m synth serve vllm` (the README's command), stopped with Ctrl-C (SIGINT)."""
+    """`python -m synth serve vllm --tool-parser hermes` (the README's command), stopped with
+    Ctrl-C (SIGINT). With the tool parser the SmolLM2 teacher gets the tool-aware template, which
+    renders requests without tools exactly as SmolLM2's own."""
     spec = default_spec("vllm", served_name="teacher")
     if not Path(spec.python).exists() or not Path(spec.model).exists():
         pytest.fail("the vLLM environment is missing: run `make vllm-env` (make test-slow does)")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "synth", "serve", "vllm", "--served-name", "teacher",
-                             "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--port", str(port), "--tool-parser", "hermes"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()                    # printed once the server is ready
@@ -111,3 +113,70 @@ def test_generators_against_vllm(vllm_teacher, tmp_path):
         ro = r.rollout
         assert ro.token_ids_source == "engine" and len(ro.completion_token_ids) == len(ro.rollout_logprobs) > 0
         assert ro.engine == "vllm" and ro.temperature == 1.0
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+# vLLM 0.32 pins the arguments to the schema only for `strict` tools (or --tool-strict-level parameter)
+STRICT_WEATHER = {"type": "function", "function": dict(WEATHER["function"], strict=True)}
+
+
+def test_native_tool_calls_against_vllm(vllm_teacher, tmp_path):
+    """vLLM's own tool calling: a forced call comes back as OpenAI tool_calls whose arguments fit
+    the schema; the call and its result go back in the next request; the probe sees native support."""
+    from synth.backends import CachedBackend, HttpBackend, tool_support
+    from synth.cache import ResponseCache
+
+    cfg = teacher(vllm_teacher)
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+    async def go():
+        async with ChatClient(cfg) as c:
+            named = await c.complete(ChatRequest(ask, {"temperature": 0.0, "max_tokens": 128}, seed=1, tools=[STRICT_WEATHER],
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+            required = await c.complete(ChatRequest(ask, {"temperature": 0.0, "max_tokens": 128}, seed=2, tools=[STRICT_WEATHER],
+                                                    tool_choice="required"))
+            auto = await asyncio.gather(*(c.complete(ChatRequest(ask, {"temperature": 0.8, "max_tokens": 64}, seed=s,
+                                                                 tools=[WEATHER], tool_choice="auto")) for s in range(6)))
+            call = named.tool_calls[0]
+            follow = ask + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temp_c": 3, "sky": "snow"})}]
+            answer = await c.complete(ChatRequest(follow, {"temperature": 0.0, "max_tokens": 32}, seed=3, tools=[WEATHER]))
+            return named, required, auto, answer
+    named, required, auto, answer = asyncio.run(go())
+    for res, finish in ((named, "stop"), (required, "tool_calls")):          # as vLLM reports them
+        assert res.finish_reason == finish and len(res.tool_calls) >= 1
+        c = res.tool_calls[0]
+        assert c["type"] == "function" and c["function"]["name"] == "get_weather" and c["id"]
+        jsonschema.validate(json.loads(c["function"]["arguments"]), WEATHER["function"]["parameters"])
+    for res in auto:        # the 135M model may or may not call; whatever it does is well-formed
+        assert (res.finish_reason == "tool_calls") == bool(res.tool_calls)
+    assert answer.tool_calls is None or answer.tool_calls[0]["function"]["name"] == "get_weather"
+    assert answer.prompt_tokens > named.prompt_tokens          # the call and its result were rendered
+    backend = CachedBackend(HttpBackend(cfg), ResponseCache(tmp_path / "c.sqlite"))
+    verdict = asyncio.run(tool_support(backend))
+    asyncio.run(backend.close())
+    assert verdict.native, verdict.reason
+
+
+@pytest.mark.parametrize("protocol", ["native", "prompted"])
+def test_tool_use_generator_against_vllm(vllm_teacher, tmp_path, protocol):
+    import importlib
+
+    cfg = load_generator("tool_use", ["source.n=2"])
+    importlib.import_module("synth.domains.tool_use")
+    for step in cfg.steps:
+        if step["kind"] == "tool_simulate":
+            step.update(tool_protocol=protocol, max_steps_per_turn=2, assistant_params={"temperature": 0.6, "max_tokens": 96})
+        if step["kind"] == "tool_query":
+            step["params"] = {"temperature": 0.8, "max_tokens": 48}
+        if "judge" in step:
+            step["judge"] = dict(step["judge"], params={"temperature": 0.0, "max_tokens": 40})
+    cfg = apply_teacher_overrides(cfg, [vllm_teacher.base_url], "teacher", None)
+    res = run(cfg, tmp_path / protocol, progress=False)
+    m = res.manifest
+    assert m.status == "complete" and m.steps["query"]["in"] == 2
+    for r in read_records(res.records_path):
+        assert r.tools and r.meta["tool_protocol"] == protocol
