@@ -25,8 +25,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         # synth_domains stage: text-to-SQL buckets and tool-use tasks against the same teacher
         "synth_domains_sql_n": 8, "synth_domains_tool_n": 8,
         # trainer stage: tiny preset; phase 1, then UD/CD (decay) and CMA (decay to 80%, constant, 6-average)
-        "trainer_phase1_steps": 160, "trainer_phase2_steps": 80, "trainer_continue_steps": 40,
-        "trainer_avg_spacing": 8, "trainer_global_batch": 8, "trainer_eval_sequences": 48, "trainer_eval_every": 40,
+        "trainer_phase1_steps": 400, "trainer_phase2_steps": 200, "trainer_continue_steps": 100,
+        "trainer_avg_spacing": 20, "trainer_global_batch": 8, "trainer_eval_sequences": 48, "trainer_eval_every": 80,
     },
     "ci": {
         "corpus_code_mb": 0.5, "corpus_prose_mb": 0.5, "corpus_math_problems": 500,

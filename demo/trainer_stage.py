@@ -27,8 +27,8 @@ import yaml
 from common import atomic
 
 SIZES = {  # profile key -> default (the "demo" profile's values are in demo/context.py)
-    "trainer_phase1_steps": 160, "trainer_phase2_steps": 80, "trainer_continue_steps": 40,
-    "trainer_avg_spacing": 8, "trainer_global_batch": 8, "trainer_eval_sequences": 48, "trainer_eval_every": 40,
+    "trainer_phase1_steps": 400, "trainer_phase2_steps": 200, "trainer_continue_steps": 100,
+    "trainer_avg_spacing": 20, "trainer_global_batch": 8, "trainer_eval_sequences": 48, "trainer_eval_every": 80,
 }
 
 
@@ -41,10 +41,17 @@ def _write(cfg, path: Path) -> Path:
     return path
 
 
+def available_steps(shard_set: str, global_batch: int) -> int:
+    """Global batches the shard set holds (one pass, no repetition), through the mixtures reader."""
+    from mixtures import ShardReader
+    return ShardReader(shard_set, global_batch_size=global_batch).steps_per_epoch
+
+
 def phase1_config(ctx, sets: dict[str, str], tokenizer: str, run_dir: Path, seq_len: int) -> dict[str, Any]:
     """Phase 1: power schedule calibrated so the cap holds for the first ~1/22 of the tokens and the
     rate then falls 4.8x by the end of the phase (Puro: Hyperball 5e-2 -> 1.04e-2 over 438.8B)."""
-    steps, g = _size(ctx, "trainer_phase1_steps"), _size(ctx, "trainer_global_batch")
+    g = _size(ctx, "trainer_global_batch")
+    steps = min(_size(ctx, "trainer_phase1_steps"), available_steps(sets["phase1-uniform"], g))
     lr_max, a, b = 5e-3, 4.0, -0.51
     n_cap = steps * g * seq_len / 4.8 ** (1 / -b)          # tokens where the power law meets the cap
     beta = lr_max * n_cap ** (-b) / a
@@ -87,7 +94,15 @@ def run(ctx) -> dict[str, Any]:
 
     # ---- phase 2: UD, CD, CMA from the same phase-1 checkpoint ----------------------------------
     n2, cont, spacing = _size(ctx, "trainer_phase2_steps"), _size(ctx, "trainer_continue_steps"), _size(ctx, "trainer_avg_spacing")
+    have = min(available_steps(sets["phase2-curriculum"], p1_cfg.train.global_batch),
+               available_steps(sets["phase2-uniform"], p1_cfg.train.global_batch))
+    if int(0.8 * n2) + cont > have:                   # a smaller corpus: shrink phase 2, keep its proportions
+        scale = have / (int(0.8 * n2) + cont)
+        n2, cont = max(2, int(n2 * scale)), max(1, int(cont * scale))
+        spacing = max(1, min(spacing, cont // 5))
+        ctx.step(f"phase-2 sets hold {have} global batches: phase 2 shrunk to {n2} steps, continuation {cont}")
     resume = int(0.8 * n2)
+    cont = max(cont, 5 * spacing)                     # the 6 averaged checkpoints lie in the constant tail
     base = {k: v for k, v in p1_cfg.dump().items() if k not in ("run_dir", "init_from", "schedule", "checkpoint", "log")}
     base["data"].pop("train")
     base["schedule"] = {"kind": "linear", "lr_start": "init", "lr_end": 0.0}
