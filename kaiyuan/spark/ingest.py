@@ -100,7 +100,9 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
     with sw("read"):
         records = _one_task_per_split(spark, len(splits)).mapInArrow(_read_splits_fn(splits, opts),
                                                                        readers.INGEST_SPARK_SCHEMA)
-        records = records.persist(StorageLevel.MEMORY_AND_DISK)
+        # read once; the documents and the quarantine are written from this copy (serialized on
+        # local disk: a split of raw text can be far larger than an executor's heap)
+        records = records.persist(StorageLevel.DISK_ONLY)
         tally = {r["reason"]: (r["n"], r["lines"]) for r in
                  records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
     blank_lines = int(tally.pop(BLANK, (0, 0))[1] or 0)
@@ -111,8 +113,7 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         w = Window.partitionBy("id").orderBy("origin_file", "origin_line")
         ranked = (docs.repartition(n_files, "id")
                   .withColumn("_rank", F.row_number().over(w))
-                  .withColumn("_first", F.first(F.concat_ws(":", "origin_file", F.col("origin_line").cast("string"))).over(w))
-                  .persist(StorageLevel.MEMORY_AND_DISK))
+                  .withColumn("_first", F.first(F.concat_ws(":", "origin_file", F.col("origin_line").cast("string"))).over(w)))
         good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta")
         n_written = cio.write_sorted_parquet(good, tmp, n_files, already_partitioned=True,
                                              row_group_rows=cio.row_group_rows_for(total_bytes, max(1, n_records)))
@@ -122,12 +123,12 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
             reasons["duplicate_id"] = n_dup
         outputs = []
         if reasons:
-            dup = (ranked.where(F.col("_rank") > 1)
-                   .select("source", "origin_file", "origin_line", F.lit("duplicate_id").alias("reason"),
-                           F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
-                           F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
-            bad = (records.where(F.col("reason").isNotNull() & (F.col("reason") != BLANK))
-                   .drop("id", "text", "meta").unionByName(dup))
+            bad = records.where(F.col("reason").isNotNull() & (F.col("reason") != BLANK)).drop("id", "text", "meta")
+            if n_dup:            # only then is the ranking computed a second time
+                bad = bad.unionByName(ranked.where(F.col("_rank") > 1).select(
+                    "source", "origin_file", "origin_line", F.lit("duplicate_id").alias("reason"),
+                    F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
+                    F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
             cio.write_sorted_parquet(bad, tmp / "_quarantine", max(1, n_files // 4),
                                      sort_cols=("origin_file", "origin_line"))
             outputs.append("_quarantine")
@@ -142,7 +143,6 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         "splits": len(splits),
     }
     records.unpersist()
-    ranked.unpersist()
     manifest = cio.finalize(tmp, final_dir, {
         "schema": ComponentManifest.SCHEMA, "job": JOB, "name": source.name, "config": config,
         "inputs": inputs, "counts": counts, "timings_s": sw.timings_s, "outputs": outputs,
