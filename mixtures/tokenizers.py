@@ -318,17 +318,42 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike,
     return load_tokenizer(TokenizerSpec(kind="hf", path=str(out / "tokenizer.json"), name=name or out.name))
 
 
-# The chat template matching mixtures.sft's renderer (Qwen3-style ChatML), stored with trained
-# tokenizers so `transformers` renders prompts the same way at inference.
+# The chat template matching mixtures.sft's renderer (Qwen3-style ChatML: tool definitions in the
+# system turn, tool calls in <tool_call> blocks, consecutive tool results in one user turn of
+# <tool_response> blocks), stored with trained tokenizers so `transformers` renders prompts the way
+# the model was trained on them. tests/mixtures/test_sft.py checks the two agree, tools included.
 CHATML_JINJA = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'"
+    " + 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '"
+    " + 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'"
+    " + '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for m in messages %}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' }}"
-    "{%- if m.get('reasoning_content') %}{{- '<think>\\n' + m['reasoning_content'] + '\\n</think>\\n\\n' }}{%- endif %}"
-    "{{- m['content'] or '' }}"
+    "{%- if m['role'] == 'system' and loop.first and tools %}"
+    "{%- elif m['role'] in ('system', 'user') %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'assistant' %}"
+    "{%- set ns = namespace(body=m['content'] or '') %}"
+    "{%- if m.get('reasoning_content') %}"
+    "{%- set ns.body = '<think>\\n' + m['reasoning_content'] + '\\n</think>\\n\\n' + ns.body %}"
+    "{%- endif %}"
     "{%- for tc in m.get('tool_calls') or [] %}"
-    "{{- '\\n<tool_call>\\n' + (tc['function'] | tojson) + '\\n</tool_call>' }}"
+    "{%- set fn = tc['function'] if tc.get('function') else tc %}"
+    "{%- set args = fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson) %}"
+    "{%- set ns.body = ns.body + ('\\n' if ns.body else '') + '<tool_call>\\n{\"name\": ' + (fn['name'] | tojson)"
+    " + ', \"arguments\": ' + args + '}\\n</tool_call>' %}"
     "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>assistant\\n' + ns.body + '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user\\n' }}{%- endif %}"
+    "{{- '<tool_response>\\n' + (m['content'] or '') + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- else %}{{- '\\n' }}{%- endif %}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

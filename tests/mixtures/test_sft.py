@@ -48,12 +48,45 @@ def test_chatml_rendering_masks_only_assistant_tokens(tokenizer_json):
     assert (toks == im_end).sum() == 4 and mask[toks == im_end].sum() == 2   # assistant turns end on a target
 
 
-def test_jinja_template_gives_the_same_segments_as_chatml():
-    rec = _records()[3]
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather.",
+                                                  "parameters": {"type": "object",
+                                                                 "properties": {"city": {"type": "string"}},
+                                                                 "required": ["city"]}}}
+
+
+def _tool_conversation(system: bool) -> list[dict]:
+    """Two parallel calls, two consecutive tool results, then the answer."""
+    calls = [{"id": f"c{k}", "type": "function",
+              "function": {"name": "get_weather",
+                           "arguments": json.dumps({"city": city}, ensure_ascii=False)}}
+             for k, city in enumerate(["Paris", "Köln"])]
+    msgs = [{"role": "system", "content": "You are terse."}] if system else []
+    return msgs + [{"role": "user", "content": "weather in Paris and Köln?"},
+                   {"role": "assistant", "content": "Checking both.", "tool_calls": calls},
+                   {"role": "tool", "tool_call_id": "c0", "content": "sunny, 21C"},
+                   {"role": "tool", "tool_call_id": "c1", "content": "rain, 12C"},
+                   {"role": "assistant", "content": "Paris: sunny. Köln: rain."}]
+
+
+@pytest.mark.parametrize("case", ["plain", "thinking", "tool", "tools-with-system", "tools-no-system"])
+def test_the_exported_chat_template_renders_what_was_trained(case):
+    """The Jinja template stored with trained tokenizers (what `transformers` uses at inference)
+    produces the same text and the same targets as the packer's renderer, tools included."""
+    recs = _records()
+    messages, tools = {"plain": (recs[2]["messages"], None), "thinking": (recs[3]["messages"], None),
+                       "tool": (recs[-2]["messages"], None),
+                       "tools-with-system": (_tool_conversation(True), [WEATHER_TOOL]),
+                       "tools-no-system": (_tool_conversation(False), [WEATHER_TOOL])}[case]
     jinja = JinjaTemplate(CHATML_JINJA)
-    a, b = jinja.segments(rec["messages"]), render_chatml(rec["messages"])
+    a, b = jinja.segments(messages, tools=tools), render_chatml(messages, tools=tools)
     assert "".join(s for s, _ in a) == "".join(s for s, _ in b)
     assert "".join(s for s, t in a if t) == "".join(s for s, t in b if t)
+    if tools:
+        text = "".join(s for s, _ in b)
+        assert text.count("<|im_start|>system") == 1 and '"name": "get_weather"' in text
+        assert "</tool_response>\n<tool_response>" in text          # consecutive results share one turn
+    prompt = jinja.render(messages[:1 + (messages[0]["role"] == "system")], add_generation_prompt=True, tools=tools)
+    assert prompt.endswith("<|im_start|>assistant\n")
 
 
 def test_sft_shards_pack_whole_conversations(tmp_path, tokenizer_json):
