@@ -4,7 +4,9 @@ package's writer from a learnable synthetic language, a tiny trained tokenizer, 
 from __future__ import annotations
 
 import codecs
-import this
+import importlib.util
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,10 @@ from trainer.data import EOS_SYNTHETIC, SyntheticStream
 
 VOCAB = 256
 SEQ_LEN = 32
-ZEN = codecs.decode(this.s, "rot13")
+# the Zen of Python as a small English corpus, read from the `this` module's source: importing it
+# would print it into the test output
+_THIS = Path(importlib.util.find_spec("this").origin).read_text()
+ZEN = codecs.decode(re.search(r's = """(.*?)"""', _THIS, re.S).group(1), "rot13")
 
 
 def synthetic_docs(first: int, n_sequences: int, seq_len: int = 63) -> list[list[int]]:
