@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from importlib import metadata
@@ -33,8 +34,9 @@ RULES = {                      # name -> optim config (the base-LR grid is per r
     "muon": {"matrix": "muon", "matrix_lr_mult": 10.0, "muon_weight_decay": 0.1},
     "adamw": {"matrix": "adamw", "adam_weight_decay": 0.1},
 }
-GRID = {"muonh": [1e-3, 3e-3, 1e-2], "muon_elr": [1e-3, 3e-3, 1e-2], "muon": [1e-3, 3e-3, 1e-2],
-        "adamw": [1e-3, 3e-3, 1e-2]}
+# base-LR grids; each rule's best must be inside its grid (AdamW's optimum is lower: it runs at base)
+GRID = {"muonh": [1e-3, 3e-3, 1e-2], "muon_elr": [3e-4, 1e-3, 3e-3, 1e-2], "muon": [1e-3, 3e-3, 1e-2],
+        "adamw": [3e-4, 1e-3, 3e-3, 1e-2]}
 
 
 def metadata_texts(min_chars: int = 400) -> list[tuple[str, str]]:
@@ -60,17 +62,18 @@ def build_shards(work: Path, vocab: int, seq_len: int) -> tuple[str, str, str, d
     tr = write_token_lists(work / "train", tok.encode_batch(train), seq_len=seq_len, tokenizer=tok.identity)
     ev = write_token_lists(work / "heldout", tok.encode_batch(held), seq_len=seq_len, tokenizer=tok.identity)
     info = {"packages": len(texts), "train_tokens": tr.n_tokens, "heldout_tokens": ev.n_tokens,
-            "vocab": tok.vocab_size}
+            "vocab": tok.vocab_size, "package_names": [n for n, _ in texts],
+            "heldout_packages": [n for i, (n, _) in enumerate(texts) if i % 20 == 0]}
     return str(work / "train"), str(work / "heldout"), str(work / "tokenizer" / "tokenizer.json"), info
 
 
-def run_one(rule: str, lr: float, args, train_dir: str, eval_dir: str, out: Path) -> dict:
+def run_one(rule: str, lr: float, args, train_dir: str, eval_dir: str, out: Path, seed: int = 0) -> dict:
     from trainer.config import load_run_config
     from trainer.train import train
 
-    run_dir = out / "runs" / f"{rule}-lr{lr:g}"
+    run_dir = out / "runs" / f"{rule}-lr{lr:g}-seed{seed}"
     cfg = load_run_config(None, data={
-        "run_dir": str(run_dir), "seed": 0,
+        "run_dir": str(run_dir), "seed": seed,
         "model": {"preset": args.preset},
         "data": {"train": train_dir, "eval": eval_dir, "seq_len": args.seq_len, "loop": True},
         "train": {"steps": args.steps, "global_batch": args.batch, "micro_batch": args.batch},
@@ -80,15 +83,17 @@ def run_one(rule: str, lr: float, args, train_dir: str, eval_dir: str, out: Path
         "eval": {"every_steps": 0, "sequences": args.eval_sequences},
         "log": {"progress": "none"},
     })
+    reused = (run_dir / "summary.json").is_file()       # finished by an earlier invocation: its record is reused
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     s = train(cfg)
     recs = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["kind"] == "train"]
-    return {"rule": rule, "lr_base": lr, "eval_loss": s["eval_loss"], "final_train_loss": steps[-1]["loss"],
+    return {"rule": rule, "lr_base": lr, "seed": seed, "reused": reused, "eval_loss": s["eval_loss"], "final_train_loss": steps[-1]["loss"],
             "tokens": s["tokens_seen"], "wall_s": round(time.perf_counter() - t0, 1),
             "cpu_s": round(time.process_time() - cpu0, 1),
-            "median_step_s": sorted(r["step_time_s"] for r in steps)[len(steps) // 2]}
+            "median_step_s": sorted(r["step_time_s"] for r in steps)[len(steps) // 2],
+            "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
 def main() -> int:
@@ -99,35 +104,64 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=400)          # 410k tokens: < 1 epoch of the default data
     ap.add_argument("--eval-sequences", type=int, default=128)
     ap.add_argument("--rules", default="muonh,muon_elr,muon,adamw")
+    ap.add_argument("--seeds", type=int, default=3, help="init seeds per candidate rate (the grid runs seed 0)")
+    ap.add_argument("--top", type=int, default=2, help="candidate rates per rule: its best K of the seed-0 grid")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_info: dict = {}
     if args.train:
         train_dir, eval_dir = args.train, args.eval
+    elif (out / "data" / "info.json").is_file():             # built before: the same shards again
+        train_dir, eval_dir = str(out / "data" / "train"), str(out / "data" / "heldout")
+        data_info = json.loads((out / "data" / "info.json").read_text())
     else:
         train_dir, eval_dir, _, data_info = build_shards(out / "data", args.vocab, args.seq_len)
+        (out / "data" / "info.json").write_text(json.dumps(data_info, indent=1))
     results = []
     for rule in args.rules.split(","):
         for lr in GRID[rule]:
             r = run_one(rule, lr, args, train_dir, eval_dir, out)
             results.append(r)
             print(json.dumps(r), flush=True)
-    best = {}
-    for r in results:
-        if r["rule"] not in best or r["eval_loss"] < best[r["rule"]]["eval_loss"]:
-            best[r["rule"]] = r
+    # each rule's rate is chosen by the mean over seeds among its `top` best seed-0 rates
+    repeats: dict[tuple[str, float], list[float]] = {}
+    for rule in args.rules.split(","):
+        grid = sorted((r for r in results if r["rule"] == rule), key=lambda r: r["eval_loss"])[:args.top]
+        for cand in grid:
+            repeats[(rule, cand["lr_base"])] = [cand["eval_loss"]]
+            for seed in range(1, args.seeds):
+                rr = run_one(rule, cand["lr_base"], args, train_dir, eval_dir, out, seed=seed)
+                results.append(rr)
+                repeats[(rule, cand["lr_base"])].append(rr["eval_loss"])
+                print(json.dumps(rr), flush=True)
+    stats_all = {f"{rule}@{lr:g}": {"rule": rule, "lr_base": lr, "mean": statistics.mean(v),
+                                    "std": statistics.stdev(v) if len(v) > 1 else 0.0, "n": len(v), "losses": v}
+                 for (rule, lr), v in repeats.items()}
+    stats: dict[str, dict] = {}
+    for st in stats_all.values():
+        if st["rule"] not in stats or st["mean"] < stats[st["rule"]]["mean"]:
+            stats[st["rule"]] = st
+    best = {rule: st["lr_base"] for rule, st in stats.items()}
     load = os.getloadavg()
-    report = {"args": vars(args), "data": data_info, "results": results, "best": best,
+    report = {"args": vars(args), "data": data_info, "results": results, "best_lr": best, "seed_stats": stats_all,
               "machine": {"cpus": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in load]}}
     (out / "results.json").write_text(json.dumps(report, indent=2))
-    print("\n| optimizer | best base LR | held-out loss | all (base LR: loss) |\n|---|---|---|---|")
-    for rule, r in sorted(best.items(), key=lambda kv: kv[1]["eval_loss"]):
-        grid = ", ".join(f"{x['lr_base']:g}: {x['eval_loss']:.4f}" for x in results if x["rule"] == rule)
-        print(f"| {rule} | {r['lr_base']:g} | {r['eval_loss']:.4f} | {grid} |")
+    edge = [rule for rule, lr in best.items() if lr in (min(GRID[rule]), max(GRID[rule]))]
+    if edge:
+        print(f"WARNING: best base LR at the edge of the grid for {edge}: widen GRID", flush=True)
+    print("\n| optimizer | best base LR | held-out loss, mean ± std over seeds | grid, seed 0 (base LR: loss) |"
+          "\n|---|---|---|---|")
+    for rule, st in sorted(stats.items(), key=lambda kv: kv[1]["mean"]):
+        grid = ", ".join(f"{x['lr_base']:g}: {x['eval_loss']:.4f}" for x in results
+                         if x["rule"] == rule and x["seed"] == 0)
+        others = "; ".join(f"{v['lr_base']:g}: {v['mean']:.4f} ± {v['std']:.4f}" for v in stats_all.values()
+                           if v["rule"] == rule and v["lr_base"] != best[rule])
+        print(f"| {rule} | {best[rule]:g} | {st['mean']:.4f} ± {st['std']:.4f} (n={st['n']}; runner-up {others}) "
+              f"| {grid} |")
     print(f"\ndata: {data_info or {'train': train_dir, 'eval': eval_dir}}; load average {load}")
     return 0
 
