@@ -13,15 +13,6 @@ from demo.report import SECTIONS
 from demo.stages import STAGES
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo-ci")
-    proc = subprocess.run([sys.executable, "-m", "demo", "--profile", "ci", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out, proc.stdout
-
-
 def test_every_stage_finishes_and_says_where_things_are(demo_run):
     out, stdout = demo_run
     for name, _ in STAGES:

@@ -1,0 +1,14 @@
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """The demo chain at reduced size (`--profile ci`), run once for every test that reads it."""
+    out = tmp_path_factory.mktemp("demo-ci")
+    proc = subprocess.run([sys.executable, "-m", "demo", "--profile", "ci", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out, proc.stdout
