@@ -88,5 +88,6 @@ def spark():
 
 def pytest_sessionfinish(session, exitstatus):
     s = _SESSION.get("spark")
-    if s is not None:
+    # another package's tests may have stopped it (getOrCreate hands out the same session)
+    if s is not None and s.sparkContext._jsc is not None:
         s.stop()
