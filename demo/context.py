@@ -79,3 +79,61 @@ class DemoContext:
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env.update(extra)
         return env
+
+
+# ---- finding earlier stages' outputs in their results -----------------------------------------
+
+def result_paths(result: Any) -> list[Path]:
+    """Every string in a stage result (nested dicts and lists) that names an existing path."""
+    out: list[Path] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+        elif isinstance(v, str) and v and len(v) < 4096 and "\n" not in v:
+            p = Path(v)
+            if p.exists():
+                out.append(p)
+
+    visit(result)
+    return out
+
+
+def _is_component(p: Path) -> bool:
+    import json
+
+    from common.manifest import MANIFEST_NAME
+
+    try:
+        return json.loads((p / MANIFEST_NAME).read_text()).get("schema") == "component/1"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def component_dirs(result: Any) -> dict[str, Path]:
+    """Component directories named anywhere in a stage result (a component directory, or a
+    directory of them), by component name; the first mention of a name wins."""
+    from common.component import Component
+
+    found: dict[str, Path] = {}
+    for p in result_paths(result):
+        if not p.is_dir():
+            continue
+        for cand in [p] if _is_component(p) else sorted(c for c in p.iterdir() if c.is_dir()):
+            if _is_component(cand):
+                found.setdefault(Component.open(cand).name, cand)
+    return found
+
+
+def find_tokenizer(result: Any) -> Path:
+    """The tokenizer.json a stage made (its result names the file or its directory)."""
+    for p in result_paths(result):
+        if p.is_file() and p.name == "tokenizer.json":
+            return p
+        if p.is_dir() and (p / "tokenizer.json").is_file():
+            return p / "tokenizer.json"
+    raise RuntimeError(f"the stage's result names no tokenizer.json: {result}")

@@ -92,7 +92,7 @@ def build_spec(components: dict[str, Path], tokenizer_json: str, *, seq_len: int
 
 
 def run(ctx) -> dict[str, Any]:
-    from demo.tokenizer_stage import component_dirs
+    from demo.context import component_dirs
     from mixtures.inspect import describe, plot_composition, plot_rank_profiles
     from mixtures.materialize import materialize
     from mixtures.spec import load_spec

@@ -24,7 +24,7 @@ import numpy as np
 
 from common.component import Component
 from common.document import score_columns
-from common.manifest import MANIFEST_NAME
+from demo.context import component_dirs, find_tokenizer  # noqa: F401  (find_tokenizer: re-exported)
 
 DOMAIN_GROUPS = (("code", "Code"), ("math", "Math"))
 _LAST_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)(?!.*\d)", re.S)
@@ -32,65 +32,7 @@ _LAST_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)(?!.*\d)", re.S)
 
 # ---- finding earlier stages' outputs -----------------------------------------------------------
 
-def _is_component(p: Path) -> bool:
-    m = p / MANIFEST_NAME
-    if not m.is_file():
-        return False
-    try:
-        return json.loads(m.read_text()).get("schema") == "component/1"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def find_components(result: dict[str, Any]) -> dict[str, Path]:
-    """Component directories named anywhere in a stage result: a dict name -> path, a list of
-    paths, a component directory, or a directory of component directories."""
-    found: dict[str, Path] = {}
-
-    def visit(v: Any) -> None:
-        if isinstance(v, dict):
-            for x in v.values():
-                visit(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit(x)
-        elif isinstance(v, str) and v and len(v) < 4096:
-            p = Path(v)
-            if not p.is_dir():
-                return
-            if _is_component(p):
-                found.setdefault(Component.open(p).name, p)
-            else:
-                for child in sorted(p.iterdir()):
-                    if child.is_dir() and _is_component(child):
-                        found.setdefault(Component.open(child).name, child)
-
-    visit(result)
-    return found
-
-
-def find_tokenizer(result: dict[str, Any]) -> Path:
-    """The tokenizer.json an earlier stage made (its result names the file or its directory)."""
-    cands: list[Path] = []
-
-    def visit(v: Any) -> None:
-        if isinstance(v, dict):
-            for x in v.values():
-                visit(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit(x)
-        elif isinstance(v, str) and v and len(v) < 4096:
-            p = Path(v)
-            if p.is_file() and p.name == "tokenizer.json":
-                cands.append(p)
-            elif p.is_dir() and (p / "tokenizer.json").is_file():
-                cands.append(p / "tokenizer.json")
-
-    visit(result)
-    if not cands:
-        raise RuntimeError(f"the tokenizer stage's result names no tokenizer.json: {result}")
-    return cands[0]
+find_components = component_dirs           # the name the tests and older callers use
 
 
 def domain_group(name: str) -> str:

@@ -4,45 +4,9 @@ models of the later stages fast; everything downstream records this tokenizer's 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from common.manifest import MANIFEST_NAME
-
-
-def _is_component(p: Path) -> bool:
-    try:
-        return json.loads((p / MANIFEST_NAME).read_text()).get("schema") == "component/1"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def component_dirs(result: dict[str, Any]) -> dict[str, Path]:
-    """Component directories named anywhere in a stage result (paths, or directories of them), by
-    component name."""
-    from common.component import Component
-
-    found: dict[str, Path] = {}
-
-    def visit(v: Any) -> None:
-        if isinstance(v, dict):
-            for x in v.values():
-                visit(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit(x)
-        elif isinstance(v, str) and v and len(v) < 4096 and Path(v).is_dir():
-            p = Path(v)
-            if _is_component(p):
-                found.setdefault(Component.open(p).name, p)
-            else:
-                for child in sorted(p.iterdir()):
-                    if child.is_dir() and _is_component(child):
-                        found.setdefault(Component.open(child).name, child)
-
-    visit(result)
-    return found
+from demo.context import component_dirs
 
 
 def run(ctx) -> dict[str, Any]:

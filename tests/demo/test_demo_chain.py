@@ -7,7 +7,6 @@ import math
 import subprocess
 import sys
 
-import pytest
 
 from demo.report import SECTIONS
 from demo.stages import STAGES
