@@ -201,7 +201,9 @@ def _stop_leftovers() -> None:
 def _teacher(ctx: Any, kind: str, out: Path) -> tuple[Any, dict[str, Any], str]:
     """(server handle with .stop(), teacher description, base_url)."""
     from synth import servers
-    spec = servers.default_spec("vllm", served_name="teacher")
+    # with vLLM's hermes tool parser: tool_use calls tools natively (tools in, tool_calls out);
+    # requests without tools render exactly as SmolLM2's own template
+    spec = servers.default_spec("vllm", served_name="teacher", tool_parser="hermes")
     have_vllm = Path(spec.python).exists() and Path(spec.model).exists()
     if kind == "vllm" or (kind == "auto" and have_vllm):
         if not have_vllm:
