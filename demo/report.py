@@ -182,9 +182,12 @@ def section_trainer(res: dict[str, Any], sft: dict[str, Any] | None) -> str:
     return "".join(parts)
 
 
-def _acceptance_rows(acc: dict[str, Any]) -> list[list[Any]]:
-    return [[step, a.get("in"), a.get("out"), "–" if a.get("acceptance") is None else f"{100 * a['acceptance']:.0f}%"]
-            for step, a in acc.items()]
+def _acceptance_rows(res: dict[str, Any]) -> list[list[Any]]:
+    """One row per step, in pipeline order where the stage recorded it (stage.json sorts keys)."""
+    acc = res.get("acceptance", {})
+    order = [s for s in res.get("step_order") or [] if s in acc] + sorted(set(acc) - set(res.get("step_order") or []))
+    return [[step, acc[step].get("in"), acc[step].get("out"),
+             "–" if acc[step].get("acceptance") is None else f"{100 * acc[step]['acceptance']:.0f}%"] for step in order]
 
 
 def section_synth(synth: dict[str, Any] | None, domains: dict[str, Any] | None) -> str:
@@ -193,13 +196,13 @@ def section_synth(synth: dict[str, Any] | None, domains: dict[str, Any] | None) 
         parts.append(f"<h3>Reasoning on/off pairs</h3><p>{fmt(synth.get('n_records'))} SFT records, "
                      f"{fmt(synth.get('n_strict_pairs'))} strict pairs from {fmt(synth.get('n_prompts'))} prompts "
                      f"({esc(synth.get('problems_from'))}); teacher {esc(synth.get('teacher', {}).get('engine'))}.</p>")
-        parts.append(table(["step", "in", "out", "acceptance"], _acceptance_rows(synth.get("acceptance", {}))))
+        parts.append(table(["step", "in", "out", "acceptance"], _acceptance_rows(synth)))
     for name, r in (domains or {}).items():
         if not isinstance(r, dict) or "acceptance" not in r:
             continue
         parts.append(f"<h3>{esc(name)}</h3><p>{fmt(r.get('n_records'))} records from {fmt(r.get('n_prompts'))} prompts "
                      f"(rejections with reasons: <code>{esc(r.get('rejects'))}</code>).</p>")
-        parts.append(table(["stage", "in", "out", "acceptance"], _acceptance_rows(r["acceptance"])))
+        parts.append(table(["stage", "in", "out", "acceptance"], _acceptance_rows(r)))
     return "".join(parts) or "<p class='missing'>no synthetic-data stage has run</p>"
 
 
@@ -236,7 +239,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
             body.append(section_trainer(r["trainer"], r.get("sft")))
         elif key == "synth":
             body.append(section_synth(r.get("synth"), r.get("synth_domains")))
-    timing = table(["stage", "seconds"], [(n, s.get("elapsed_s")) for n, s in stages.items()])
+    from demo.stages import STAGES
+
+    ran = [n for n, _ in STAGES if n in stages] + sorted(set(stages) - {n for n, _ in STAGES})
+    total = sum(stages[n].get("elapsed_s") or 0.0 for n in ran)
+    timing = table(["stage", "seconds"], [(n, stages[n].get("elapsed_s")) for n in ran] + [("total", round(total, 1))])
     profile = next(iter(stages.values())).get("profile")
     nav = "".join(f"<a href='#{k}'>{esc(k)}</a>" for k, _, _ in SECTIONS)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>purokit demo report</title><style>{CSS}</style></head>"

@@ -100,6 +100,7 @@ def run(ctx: Any) -> dict[str, Any]:
                         "export_dir": str(export_dir), "train_jsonl": str(train) if train.exists() else None,
                         "manifest": str(res.out_dir / "manifest.json"), "n_records": m.counts["records"],
                         "n_prompts": m.counts["prompts"], "acceptance": acc,
+                        "step_order": list(acc),           # pipeline order (stage.json sorts keys)
                         "completion_tokens": m.usage["completion_tokens"]}
     verdict = _tool_protocol(out / "tool_use")
     if verdict is not None:
@@ -112,7 +113,8 @@ def summary(result: dict[str, Any]) -> list[str]:
     lines = []
     for name in ("text_to_sql", "tool_use"):
         r = result[name]
-        first_drop = next((s for s, sc in r["acceptance"].items() if sc["in"] and sc["out"] < sc["in"]), None)
+        first_drop = next((s for s in r.get("step_order") or r["acceptance"]
+                           if (sc := r["acceptance"][s])["in"] and sc["out"] < sc["in"]), None)
         lines.append(f"{name}: {r['n_records']} records from {r['n_prompts']} prompts -> {r['records']}"
                      + (f" (first losses at stage '{first_drop}'; reasons in {r['rejects']})" if first_drop else ""))
     lines.append(f"teacher: {result['teacher']['engine']} at {result['teacher']['base_url']} (the synth stage's, "

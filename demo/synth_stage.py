@@ -307,6 +307,7 @@ def run(ctx: Any) -> dict[str, Any]:
         "n_prompts": m.counts["prompts"],
         "prompts_dropped": m.counts["prompts_dropped"],
         "acceptance": steps,
+        "step_order": list(steps),                # pipeline order (stage.json sorts keys)
         "problems_from": origin,
         "teacher": {**teacher,
                     "lifetime": "started by this stage, served synth_domains too, stopped when the demo run no longer "
