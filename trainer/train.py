@@ -18,7 +18,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from trainer import checkpoint as ckpt
 from trainer.config import RunConfig
 from trainer.data import MicroBatch, SyntheticStream
 from trainer.model import ModelConfig, Transformer, build_model, count_params, token_losses
-from trainer.optim import CombinedOptimizer, build_optimizer
+from trainer.optim import build_optimizer
 from trainer.schedules import lr_at, resolve_schedule
 
 log = get_logger("trainer")
@@ -438,7 +437,6 @@ def _train(cfg: RunConfig, dist_: Dist) -> dict[str, Any]:
                   f"optimizer {cfg.optim.matrix}+adamw, {tokens_per_step:,} tokens/step")
 
     use_doc_mask = cfg.data.document_mask
-    accum = g // (mbs * dist_.world)
     last_eval: dict[str, float] | None = metrics.last_eval
     last_eval_step = metrics.last_eval_step
     schedule_state = lambda s: ckpt.ScheduleState(  # noqa: E731

@@ -718,7 +718,7 @@ class CsRollouts(Step):
         for sc_c, r, sim in results:
             for stage, (a, b) in sim.stage_counts.items():
                 count_stage(row, f"{self.name}.{stage}", a, b)
-            c = add_candidate(self, row, "rollout", json.dumps(sim.messages, ensure_ascii=False), self.cfg.assistant,
+            add_candidate(self, row, "rollout", json.dumps(sim.messages, ensure_ascii=False), self.cfg.assistant,
                               self.cfg.assistant_params, None, request_seed(self, row, "assistant", sc_c.index, r),
                               scenario_idx=sc_c.index, rollout_idx=r, messages=sim.messages, sim_ok=sim.ok,
                               sim_reason=sim.reason, schema_violations=sim.schema_violations, success=False,
