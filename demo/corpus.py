@@ -30,7 +30,6 @@ import ast
 import gzip
 import hashlib
 import json
-import os
 import random
 import re
 import sysconfig

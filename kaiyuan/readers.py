@@ -16,7 +16,6 @@ import glob as _glob
 import gzip
 import io
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional

@@ -35,7 +35,6 @@ from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
-from mixtures import curriculum as cm
 from mixtures.plan import (ComponentColumns, Pool, StreamPlan, bucket_stats, holdout_masks, plan_eval,
                            plan_phase_pool, plan_stream, retention_mask)
 from mixtures.shards import (RUN_RECORD_NAME, ComponentUse, CompositionStats, ShardFile, ShardFileWriter,

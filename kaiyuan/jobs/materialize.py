@@ -48,8 +48,8 @@ from common.hashing import sha256_file
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, find_complete, fingerprints
 from mixtures import curriculum as cm
-from mixtures.materialize import (JOB, assemble_manifest, component_uses_from, seeds_of, set_config, set_names,
-                                  write_run_record, write_shard_file)
+from mixtures.materialize import (assemble_manifest, component_uses_from, set_config, set_names, write_run_record,
+                                  write_shard_file)
 from mixtures.plan import eval_components, holdout_key_ids
 from mixtures.shards import ShardFile, ShardManifest, composition_from_sums, token_dtype
 from mixtures.spec import MixtureSpec, MixtureSpecError, check_components, load_spec
@@ -74,7 +74,7 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, valu
     offsets from `mixtures.curriculum.partition_offsets`, local prefix sums plus offsets.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StructField, StructType
+    from pyspark.sql.types import LongType, StructField
 
     spark = df.sparkSession
     keys = ([group_col] if group_col else []) + order_cols
@@ -124,7 +124,7 @@ def _signed(keys: np.ndarray) -> np.ndarray:
 
 def _map_columns(df, new_fields: list[tuple[str, Any]], fn: Callable):
     """mapInPandas that adds columns computed by fn(pdf) -> dict of arrays."""
-    from pyspark.sql.types import StructField, StructType
+    from pyspark.sql.types import StructField
 
     schema = _nullable(df.schema, [StructField(n, t, True) for n, t in new_fields])
 
@@ -222,7 +222,7 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
         work_dir: str | Path | None = None, keep_work: bool = False, force: bool = False,
         progress: Callable[[str], None] | None = None) -> dict[str, ShardManifest]:
     from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType
+    from pyspark.sql.types import BooleanType, DoubleType, LongType
 
     progress = progress or (lambda m: log.info(m))
     if not isinstance(spec, MixtureSpec):

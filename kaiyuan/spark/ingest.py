@@ -8,8 +8,6 @@ and write the documents and the quarantine (`_quarantine/` inside the component)
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any, Optional
 
 from common import atomic
