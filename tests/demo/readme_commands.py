@@ -38,7 +38,7 @@ def command_key(text: str) -> str | None:
         words = words[1:]
     if not words:
         return None
-    head = words[0]
+    head = words[0].lstrip("(")                                    # a subshell: (cd x && ...)
     if head == "make" and len(words) > 1:
         return f"make {words[1]}"
     if head in ("python", "python3") and len(words) > 3 and words[1] == "-m":

@@ -25,7 +25,7 @@ ELSEWHERE = {
     "make demo": ("tests/demo/conftest.py", '"-m", "demo"'),      # the same orchestrator, ci sizes
     "make test": (".ci/run", "make test"),
     "spark-submit kaiyuan/jobs/pipeline.py": ("tests/kaiyuan/test_submit.py", "jobs\" / \"pipeline.py"),
-    "shell (cd": ("tests/kaiyuan/test_submit.py", "zipped for --py-files"),  # packing the code for YARN
+    "shell cd": ("tests/kaiyuan/test_submit.py", "zipped for --py-files"),   # packing the code for YARN
     "spark-submit kaiyuan/jobs/materialize.py": ("tests/mixtures/test_spark_materialize.py", "materialize.py"),
     "python -m synth reasoning_pairs": ("tests/synth/test_cli.py", "reasoning_pairs"),
     "python -m synth rl_difficulty": ("tests/synth/test_vllm_server.py", "rl_difficulty"),
@@ -97,9 +97,9 @@ def test_readme_commands_run_as_written_on_the_demo_run(demo_run, tmp_path):
     assert {"python -m kaiyuan pipeline", "python -m mixtures sft", "torchrun -m trainer train",
             "python -m proxy_eval suggest", "python -m synth export"} <= set(ran)
     runs = ws / "runs"
-    for made in ("tok/tokenizer.json", "shards/phase2-curriculum/manifest.json", "shards/plots", "sft/manifest.json", "pairs-export/train.jsonl",
-                 "pairs-clean/records.jsonl", "cma-avg", "cma-hf/config.json", "lr.png", "global/dedup",
-                 "p1/summary.json", "p1-ddp/summary.json"):
+    for made in ("tok/tokenizer.json", "shards/phase2-curriculum/manifest.json", "shards/plots", "sft/manifest.json",
+                 "pairs-export/train.jsonl", "pairs-clean/records.jsonl", "cma-avg", "cma-hf/config.json", "lr.png",
+                 "global/dedup", "p1/summary.json", "p1-ddp/summary.json"):
         assert (runs / made).exists(), made
     assert (ws / "runs" / "demo" / "proxy" / "mixture-draft.yaml").is_file()
 
@@ -110,6 +110,7 @@ def test_readme_commands_run_as_written_on_the_demo_run(demo_run, tmp_path):
     ("torchrun --standalone --nproc_per_node 2 -m trainer train --config c.yaml", "torchrun -m trainer train"),
     ("spark-submit --master yarn --archives venv.tar.gz#venv kaiyuan/jobs/pipeline.py --config c", "spark-submit kaiyuan/jobs/pipeline.py"),
     ("printf 'a\\n' > costs.csv", "shell printf"),
+    ("(cd /path/to/purokit && zip -qr /tmp/p.zip common)", "shell cd"),
 ])
 def test_command_keys(text, key):
     from tests.demo.readme_commands import command_key
