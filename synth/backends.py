@@ -345,12 +345,14 @@ async def tool_support(backend: Any) -> ToolSupport:
         if getattr(backend, "_tool_support", None) is None:
             cache = getattr(backend, "cache", None)
             verdict = cached_tool_support(cache, backend.cfg.model) if cache is not None else None
+            source = "recorded in this run's cache; a new output directory probes again"
             if verdict is None:
                 verdict = await probe_tool_support(backend)
+                source = "probed"
                 if cache is not None:
                     cache.put(tool_support_key(backend.cfg.model), backend.cfg.model, verdict.to_json())
-            log.info("teacher %s: %s tool calls (%s)", backend.cfg.model, "native" if verdict.native else "prompted",
-                     verdict.reason)
+            log.info("teacher %s: %s tool calls (%s; %s)", backend.cfg.model, "native" if verdict.native else "prompted",
+                     verdict.reason, source)
             backend._tool_support = verdict
     return backend._tool_support
 
