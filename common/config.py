@@ -8,11 +8,39 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from common.errors import ContractError
 
 C = TypeVar("C", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """The one strict base for configs and contracts: unknown fields are errors, not ignored
+    (a misspelt `dedup.treshold` must fail, not silently keep the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """Pydantic's error location as one dotted path: `components.1.score` (list indexes as parts)."""
+    return ".".join(str(p) for p in loc)
+
+
+def validate(model: type[C], data: Any, path: str | os.PathLike | None = None) -> C:
+    """`model.model_validate(data)`, with a `ValidationError` turned into a `ContractError` that
+    names the file and the first failing field in one format (`a.1.b`)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise contract_error(e, path) from None
+
+
+def contract_error(e: ValidationError, path: str | os.PathLike | None) -> ContractError:
+    """The `ContractError` for a pydantic `ValidationError`: first error, its field and input."""
+    err = e.errors()[0]
+    return ContractError(path or "<overrides>", f"{err['msg']} (input: {err.get('input')!r:.80})",
+                         field=field_path(err["loc"]))
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -75,9 +103,4 @@ def load_config(model: type[C], path: str | os.PathLike | None = None, overrides
     """Load `model` from a YAML file plus overrides; errors name the file and the field."""
     data = load_yaml(path) if path else {}
     data = apply_overrides(data, overrides or [])
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ContractError(path or "<overrides>", f"{err['msg']} (input: {err.get('input')!r:.80})", field=field) from None
+    return validate(model, data, path)
