@@ -10,16 +10,8 @@ def run(spark, cfg, only=None):
     return run_ingest(spark, cfg, only)
 
 
-if __name__ == "__main__":
-    import sys
+if __name__ == "__main__":  # spark-submit: the shared bootstrap runs this job
+    import runpy
     from pathlib import Path
 
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]   # no shadowing by job files
-    try:
-        import kaiyuan  # noqa: F401  (installed, or shipped with --py-files)
-    except ImportError:  # a source checkout: use it
-        sys.path.insert(0, str(_here.parents[1]))
-    from kaiyuan.jobs import main
-
-    sys.exit(main("ingest"))
+    runpy.run_path(str(Path(__file__).with_name("_submit.py")), {"JOB": Path(__file__).stem}, "__main__")
