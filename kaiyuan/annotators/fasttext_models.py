@@ -12,7 +12,6 @@ predicts one line at a time).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -139,7 +138,3 @@ class LanguageId(Annotator):
     def describe(self) -> dict:
         return {**super().describe(), "model": self.model_path}
 
-
-def file_identity(path: str) -> dict:
-    st = os.stat(path)
-    return {"path": str(path), "n_bytes": st.st_size}
