@@ -59,13 +59,18 @@ def preference_key(scores: np.ndarray | None, higher_is_better: bool, n: int | N
 
 def preference_order(key: np.ndarray, tiebreak: np.ndarray, ids: Sequence[str] | None = None,
                      copies: np.ndarray | None = None) -> np.ndarray:
-    """Indices that sort documents by (key, tiebreak[, id[, copy]]) ascending: the within-component
-    order. Strings compare by code point, which is also the UTF-8 byte order engines use."""
+    """Indices that sort documents by ([copy,] key, tiebreak[, id]) ascending: the within-component
+    order. Strings compare by code point, which is also the UTF-8 byte order engines use.
+
+    Copy c of a document is ranked within pass c (all copies c, then all copies c + 1): copies
+    share their document's key, so ordering by key first would put them side by side in one
+    bucket; pass-major order puts them a pass apart, and each pass is itself less preferred first.
+    """
     cols = [np.asarray(tiebreak, dtype=np.uint64), np.asarray(key, dtype=np.float64)]
     if ids is not None:
         cols.insert(0, np.asarray(ids, dtype=object).astype(str))
     if copies is not None:
-        cols.insert(0, np.asarray(copies, dtype=np.int64))
+        cols.append(np.asarray(copies, dtype=np.int64))
     return np.lexsort(cols)
 
 
@@ -84,22 +89,18 @@ def rank_token_sum(prefix: np.ndarray, n_tokens: np.ndarray, total: int) -> floa
 # ---- rank by token mass ------------------------------------------------------------------------
 
 def exclusive_cumsum(n_tokens: np.ndarray) -> np.ndarray:
-    """Tokens before each document in the given order."""
+    """Tokens before each document in the given order (of each column, for a 2-D array)."""
     n = np.asarray(n_tokens, dtype=np.int64)
     out = np.zeros_like(n)
-    if n.size:
-        np.cumsum(n[:-1], out=out[1:])
+    if n.shape and n.shape[0] > 1:
+        np.cumsum(n[:-1], axis=0, out=out[1:])
     return out
 
 
 def partition_offsets(partition_totals: np.ndarray) -> np.ndarray:
     """Exclusive prefix over per-partition totals (shape (n_partitions, n_groups)): what a
     distributed engine adds to each partition's local prefix sums to get exact global ones."""
-    t = np.asarray(partition_totals, dtype=np.int64)
-    out = np.zeros_like(t)
-    if t.shape[0] > 1:
-        np.cumsum(t[:-1], axis=0, out=out[1:])
-    return out
+    return exclusive_cumsum(partition_totals)
 
 
 def rank_of(prefix: np.ndarray, total: int | np.ndarray) -> np.ndarray:
@@ -145,7 +146,7 @@ def take_budget(prefix: np.ndarray, budget: int) -> np.ndarray:
 
 def phase_budgets(retained_tokens: dict[str, int], weights: dict[str, float] | None,
                   budgets: dict[str, int | None], phase_tokens: int | None,
-                  repeatable: dict[str, bool]) -> tuple[dict[str, int], int]:
+                  repeatable: dict[str, bool], supply: dict[str, int] | None = None) -> tuple[dict[str, int], int]:
     """Token budget B_c of each component in a phase, and the phase total.
 
     weights given:  B_c = round(w_c * P) with P = `phase_tokens`, or, when absent, the largest
@@ -154,7 +155,8 @@ def phase_budgets(retained_tokens: dict[str, int], weights: dict[str, float] | N
                     over retained portions).
     budgets given:  B_c = n_tokens, or T_c when the entry is {} (everything retained).
     Raises ValueError naming the component when a budget needs more data than is retained and
-    repetition is off.
+    repetition is off, or more than its capped repetition can supply (`supply`, the tokens of
+    every document times its copy cap, for the dup_count rules).
     """
     if weights:
         total = phase_tokens
@@ -173,45 +175,95 @@ def phase_budgets(retained_tokens: dict[str, int], weights: dict[str, float] | N
                              "and repeat is 'none' (lower its weight/budget or allow repetition)")
         if b > 0 and retained_tokens[c] == 0:
             raise ValueError(f"component '{c}' retains no tokens but has a budget of {b:,}")
+        if supply is not None and c in supply and b > supply[c]:
+            raise ValueError(f"component '{c}' would need {b:,} tokens but its capped repetition supplies at most "
+                             f"{supply[c]:,} (it retains {retained_tokens[c]:,}; raise max_copies, use repeat: "
+                             "uniform, or lower its weight/budget)")
     return out, int(total)
 
 
-def repeat_copies(n_tokens_hash_order: np.ndarray, budget: int, dup_count: np.ndarray | None = None) -> np.ndarray:
+def floor_log2(x: np.ndarray) -> np.ndarray:
+    """floor(log2 x) of positive integers, exactly (no floating point)."""
+    v = np.asarray(x, dtype=np.int64).copy()
+    out = np.zeros_like(v)
+    while (v > 1).any():
+        out += v > 1
+        v >>= 1
+    return out
+
+
+def copy_caps(dup_count: np.ndarray, rule: str, max_copies: int) -> np.ndarray:
+    """Most copies of each document a dup_count rule allows (missing / < 1 counts as 1):
+
+    dup_count:      min(dup_count, max_copies)
+    log_dup_count:  min(1 + floor(log2 dup_count), max_copies)
+
+    The cap keeps repetition from undoing dedup: the largest clusters are templates and
+    boilerplate, so a document with dup_count 5,000 must not fill buckets (issue 17).
+    """
+    d = np.maximum(np.asarray(dup_count, dtype=np.int64), 1)
+    if rule == "dup_count":
+        w = d
+    elif rule == "log_dup_count":
+        w = 1 + floor_log2(d)
+    else:
+        raise ValueError(f"unknown dup_count rule {rule!r} (dup_count or log_dup_count)")
+    return np.minimum(w, int(max_copies))
+
+
+def capped_supply(n_tokens: np.ndarray, caps: np.ndarray) -> int:
+    """Tokens a component can supply under per-document copy caps: sum n(d) * cap(d)."""
+    return int((np.asarray(n_tokens, dtype=np.int64) * np.asarray(caps, dtype=np.int64)).sum())
+
+
+def extra_pass_masks(n_tokens: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Column c - 1 holds n(d) where document d has a copy in pass c (cap(d) > c), else 0, for
+    c = 1 .. max(cap) - 1: one column per extra pass, so their count is bounded by max_copies,
+    never by the largest dup_count."""
+    n = np.asarray(n_tokens, dtype=np.int64)
+    caps = np.asarray(caps, dtype=np.int64)
+    n_pass = max(int(caps.max(initial=1)) - 1, 0)
+    passes = np.arange(1, n_pass + 1, dtype=np.int64)
+    return np.where(caps[:, None] > passes[None, :], n[:, None], 0)
+
+
+def capped_extra_copies(caps: np.ndarray, pass_prefix: np.ndarray, pass_mass: np.ndarray, extra: int) -> np.ndarray:
+    """Extra copies of each document from the capped passes, in one step.
+
+    Pass c (c = 1, 2, ...) holds copy c of every document allowed more than c copies; passes are
+    taken in order, each in the seeded budget order, while the first token of a copy falls below
+    the `extra` tokens still missing. Copy c of d starts at S_c + P_c(d): the mass of the passes
+    before c (from `pass_mass`, the column totals of `extra_pass_masks`) plus its exclusive prefix
+    inside pass c (`pass_prefix`, those columns' prefix sums in budget order). This is the
+    round-by-round rule (round c takes its eligible documents while their prefix is below what
+    is still missing) written as one expression, so a distributed engine needs one sort and one
+    aggregation whatever the dup_counts are.
+    """
+    caps = np.asarray(caps, dtype=np.int64)
+    prefix = np.asarray(pass_prefix, dtype=np.int64).reshape(caps.size, -1)
+    passes = np.arange(1, prefix.shape[1] + 1, dtype=np.int64)
+    before = exclusive_cumsum(np.asarray(pass_mass, dtype=np.int64))
+    taken = (caps[:, None] > passes[None, :]) & (before[None, :] + prefix < int(extra))
+    return taken.sum(axis=1).astype(np.int64)
+
+
+def repeat_copies(n_tokens_budget_order: np.ndarray, budget: int, caps: np.ndarray | None = None) -> np.ndarray:
     """How many times each retained document appears so a component reaches `budget` tokens.
 
     Arrays are in the component's seeded budget order. Below the retained mass: a seeded subset
-    (copies 0/1, `take_budget`). Above it, with `dup_count` (dedup cluster sizes) extra copies go
-    first to documents that were duplicated in the raw data, up to dup_count - 1 extra copies
-    each, in rounds (`dup_round_take`); what remains is whole passes plus the seeded first
-    documents once more (`pass_copies`).
+    (copies 0/1, `take_budget`). Above it, without caps (repeat: uniform): whole passes plus the
+    seeded first documents once more (`pass_copies`); with per-document copy caps (the dup_count
+    rules, `copy_caps`): the capped passes of `capped_extra_copies`, never more than cap(d) copies.
     """
-    n = np.asarray(n_tokens_hash_order, dtype=np.int64)
+    n = np.asarray(n_tokens_budget_order, dtype=np.int64)
     total = int(n.sum())
     if budget <= total:
         return take_budget(exclusive_cumsum(n), budget).astype(np.int64)
-    copies = np.ones_like(n)
     extra = budget - total
-    if dup_count is not None:
-        d = np.maximum(np.asarray(dup_count, dtype=np.int64), 1)
-        j = 1
-        while extra > 0:
-            eligible = d > j
-            if not eligible.any():
-                break
-            take = dup_round_take(eligible, exclusive_cumsum(np.where(eligible, n, 0)), extra)
-            copies += take
-            extra -= int(n[take].sum())
-            j += 1
-    if extra > 0:
-        copies += pass_copies(exclusive_cumsum(n), total, extra)
-    return copies
-
-
-def dup_round_take(eligible: np.ndarray, prefix_eligible: np.ndarray, extra: int) -> np.ndarray:
-    """Round j of dup_count-aware repetition: documents with dup_count > j, in budget order, while
-    the round's extra mass is below what is still missing (`prefix_eligible` is the exclusive
-    prefix of the eligible documents' tokens)."""
-    return np.asarray(eligible, dtype=bool) & (np.asarray(prefix_eligible, dtype=np.int64) < extra)
+    if caps is None:
+        return 1 + pass_copies(exclusive_cumsum(n), total, extra)
+    masks = extra_pass_masks(n, caps)
+    return 1 + capped_extra_copies(caps, exclusive_cumsum(masks), masks.sum(axis=0), extra)
 
 
 def pass_copies(prefix: np.ndarray, total: int, extra: int) -> np.ndarray:

@@ -5,9 +5,9 @@ Puro's reconstructed algorithm (seed-puro.md §2.1) step by step, each step one 
 1. `holdout_masks`     a seeded held-out eval set, excluded from every phase
 2. `retention_mask`    the component's retention rule (all, threshold, top fraction, rank band,
                        random tokens)
-3. `plan_phase_pool`   phase budgets from weights/budgets (repetition if allowed), then the
-                       within-component order (score direction, seeded tie-break), rank by token
-                       mass, bucket = floor(r * K)
+3. `plan_phase_pool`   phase budgets from weights/budgets (repetition if allowed: whole passes,
+                       or passes capped by dup_count), then the within-component order (pass,
+                       score direction, seeded tie-break), rank by token mass, bucket = floor(r * K)
 4. `plan_stream`       curriculum (buckets in order, seeded shuffle inside each) or uniform (one
                        seeded global shuffle) from the same pool, the phase transition merged in,
                        documents assigned to shard files
@@ -178,6 +178,14 @@ def retention_mask(c: ComponentSpec, cols: ComponentColumns, eligible: np.ndarra
 
 # ---- 3. phase pool ------------------------------------------------------------------------------
 
+def copy_caps(c: ComponentSpec, cols: ComponentColumns) -> np.ndarray | None:
+    """Per-document copy caps of a dup_count rule (None: uncapped or no repetition)."""
+    if not c.dup_weighted:
+        return None
+    dup = cols.dup_count if cols.dup_count is not None else np.ones(len(cols), dtype=np.int64)
+    return cm.copy_caps(dup, c.repeat, c.max_copies)
+
+
 def plan_phase_pool(spec: MixtureSpec, phase: PhaseSpec, comps: dict[str, ComponentColumns],
                     retained: dict[str, np.ndarray]) -> Pool:
     """Budgets, repetition, within-component rank and bucket for one phase (Puro §3.4)."""
@@ -187,7 +195,10 @@ def plan_phase_pool(spec: MixtureSpec, phase: PhaseSpec, comps: dict[str, Compon
     weights = {n: s.weight for n, s in phase.components.items()} if phase.weighted else None
     budgets = {n: s.n_tokens for n, s in phase.components.items()}
     repeatable = {n: spec.component(n).repeat != "none" for n in names}
-    b, total = cm.phase_budgets(retained_tokens, weights, budgets, phase.n_tokens, repeatable)
+    caps = {n: copy_caps(spec.component(n), comps[n]) for n in names}
+    supply = {n: cm.capped_supply(comps[n].n_tokens[retained[n]], caps[n][retained[n]])
+              for n in names if caps[n] is not None}
+    b, total = cm.phase_budgets(retained_tokens, weights, budgets, phase.n_tokens, repeatable, supply)
     parts: list[tuple[np.ndarray, ...]] = []
     details: dict[str, dict[str, Any]] = {}
     comp_index = {c.name: i for i, c in enumerate(spec.components)}
@@ -197,8 +208,7 @@ def plan_phase_pool(spec: MixtureSpec, phase: PhaseSpec, comps: dict[str, Compon
         order = cm.seeded_order(cm.doc_keys(cols.uids[rows], spec.seeds.budget, salt=f"budget:{phase.name}"),
                                 cols.uids[rows])
         rows = rows[order]
-        dup = cols.dup_count[rows] if (c.repeat == "dup_count" and cols.dup_count is not None) else None
-        copies = cm.repeat_copies(cols.n_tokens[rows], b[n], dup)
+        copies = cm.repeat_copies(cols.n_tokens[rows], b[n], None if caps[n] is None else caps[n][rows])
         sel, copy = cm.expand_copies(copies)
         rows, copy = rows[sel], copy
         o = within_component_order(c, cols, rows, copy)

@@ -14,7 +14,8 @@ components:
     score_field: quality.edu     # or null: a seeded random order
     higher_is_better: true
     retention: {rule: top_fraction, fraction: 0.5}
-    repeat: none                 # none | uniform | dup_count
+    repeat: none                 # none | uniform | dup_count | log_dup_count (see ComponentSpec)
+    max_copies: 4                # dup_count rules: at most this many copies of any document
     order_seed: 11
 phases:
   - name: phase1
@@ -147,14 +148,34 @@ Retention = Annotated[Union[RetainAll, RetainThreshold, RetainTopFraction, Retai
 # ---- components, phases, spec -------------------------------------------------------------------
 
 class ComponentSpec(BaseModel):
+    """One component of the mixture. `repeat` says how it reaches a budget above its retained tokens:
+
+    - `none`: it may not (a budget above the retained tokens is an error);
+    - `uniform`: whole passes over every retained document, the last pass a seeded subset;
+    - `dup_count`: document d may appear up to min(dup_count(d), max_copies) times (kaiyuan dedup's
+      cluster size: text that was duplicated in the raw data is repeated, but a boilerplate
+      template with dup_count 5,000 takes at most `max_copies`, so repetition cannot undo dedup);
+    - `log_dup_count`: up to min(1 + floor(log2 dup_count(d)), max_copies) times (2-3 -> 2, 4-7 -> 3).
+
+    With the dup_count rules the extra copies come in passes: pass c (c >= 1) holds copy c of every
+    document allowed more than c copies, passes are taken in order and the last one is cut in the
+    seeded budget order; a budget above what the caps allow is an error that names the supply.
+    """
+
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
     path: str
     score_field: str | None = None
     higher_is_better: bool = True
     retention: Retention = Field(default_factory=RetainAll)
-    repeat: Literal["none", "uniform", "dup_count"] = "none"
+    repeat: Literal["none", "uniform", "dup_count", "log_dup_count"] = "none"
+    max_copies: int = Field(default=4, ge=1)
     order_seed: int = 0
+
+    @property
+    def dup_weighted(self) -> bool:
+        """Whether repetition follows the dedup cluster sizes (needs a dup_count column)."""
+        return self.repeat in ("dup_count", "log_dup_count")
 
     @field_validator("score_field")
     @classmethod
@@ -348,9 +369,30 @@ def check_components(spec: MixtureSpec, source: str | os.PathLike = "<spec>") ->
             raise MixtureSpecError(
                 source, f"component '{c.name}' uses score field '{c.score_field}', but {c.path}/manifest.json has "
                 f"no such column (columns: {', '.join(comp.columns)})", field=f"components[{i}].score_field")
-        if c.repeat == "dup_count" and "dup_count" not in comp.manifest.columns:
+        if c.dup_weighted and "dup_count" not in comp.manifest.columns:
             raise MixtureSpecError(source, f"component '{c.name}' asks for dup_count-aware repetition but has no "
                                    "dup_count column (run kaiyuan dedup first, or use repeat: uniform)",
                                    field=f"components[{i}].repeat")
         opened[c.name] = comp
+    for i, p in enumerate(spec.phases):
+        problem = bucket_count_problem(spec.bucket_count_of(p), sum(opened[c].manifest.n_docs for c in p.components))
+        if problem:
+            field = f"phases[{i}].bucket_count" if p.bucket_count else "bucket_count"
+            raise MixtureSpecError(source, f"phase '{p.name}': {problem}", field=field)
     return opened
+
+
+MIN_DOCS_PER_BUCKET = 2
+
+
+def bucket_count_problem(bucket_count: int, n_docs: int) -> str | None:
+    """Why `bucket_count` buckets cannot be filled from `n_docs` documents, or None.
+
+    The curriculum (Puro §3.4) cuts a phase's pool into K buckets of equal tokens; with fewer than
+    `MIN_DOCS_PER_BUCKET` documents per bucket most buckets hold one document or none, and the
+    order is no longer a gradient of quality (the paper's K = 376 is for ~10^9 documents)."""
+    if bucket_count <= 1 or n_docs >= MIN_DOCS_PER_BUCKET * bucket_count:
+        return None
+    return (f"bucket_count {bucket_count} needs at least {MIN_DOCS_PER_BUCKET * bucket_count} documents "
+            f"({MIN_DOCS_PER_BUCKET} per bucket), the phase's components hold {n_docs}; "
+            f"use bucket_count <= {max(1, n_docs // MIN_DOCS_PER_BUCKET)}")

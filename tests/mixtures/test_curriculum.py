@@ -267,3 +267,73 @@ def test_budgets_and_repetition():
     assert cm.repeat_copies(n, 130, dup).tolist() == [1, 1, 3, 1, 1, 1, 1, 1, 2, 1]
     rows, copy = cm.expand_copies(np.array([2, 0, 1]))
     assert rows.tolist() == [0, 0, 2] and copy.tolist() == [0, 1, 0]
+
+
+# ---- repetition that respects dedup (issue 17) ---------------------------------------------------
+
+def _rounds_reference(n, budget, caps):
+    """The round-by-round rule `capped_extra_copies` closes: round c takes, in budget order, the
+    documents allowed more than c copies while their prefix in the round is below what is missing."""
+    copies = np.ones_like(n)
+    extra = budget - int(n.sum())
+    c = 1
+    while extra > 0 and (caps > c).any():
+        eligible = caps > c
+        take = eligible & (cm.exclusive_cumsum(np.where(eligible, n, 0)) < extra)
+        copies += take
+        extra -= int(n[take].sum())
+        c += 1
+    return copies
+
+
+def test_copy_caps_cap_dup_count_and_log_dup_count():
+    dup = np.array([0, 1, 2, 3, 4, 7, 8, 12, 5000, 2**40])
+    assert cm.copy_caps(dup, "dup_count", 4).tolist() == [1, 1, 2, 3, 4, 4, 4, 4, 4, 4]
+    assert cm.copy_caps(dup, "log_dup_count", 100).tolist() == [1, 1, 2, 2, 3, 3, 4, 4, 13, 41]
+    assert cm.floor_log2(np.array([1, 2, 3, 2**62 - 1, 2**62])).tolist() == [0, 1, 1, 61, 62]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_capped_passes_in_one_step_equal_the_round_by_round_rule(seed):
+    rng = np.random.default_rng(seed)
+    n = rng.integers(1, 50, size=200)
+    caps = cm.copy_caps(rng.choice([1, 1, 1, 2, 3, 12, 5000], size=n.size), "dup_count", int(rng.integers(2, 7)))
+    supply = cm.capped_supply(n, caps)
+    budget = int(rng.integers(int(n.sum()) + 1, supply + 1))
+    got = cm.repeat_copies(n, budget, caps)
+    assert got.tolist() == _rounds_reference(n, budget, caps).tolist()
+    assert (got <= caps).all() and budget <= int((got * n).sum()) < budget + n.max()
+
+
+def test_a_dup_count_5000_document_takes_at_most_its_cap():
+    n = np.full(100, 10)
+    dup = np.ones(100, dtype=np.int64)
+    dup[0] = 5000
+    caps = cm.copy_caps(dup, "dup_count", 4)
+    copies = cm.repeat_copies(n, 1030, caps)
+    assert copies[0] == 4 and (copies[1:] == 1).all()        # the template takes its cap, nothing more
+    assert cm.extra_pass_masks(n, caps).shape == (100, 3)     # passes bounded by max_copies, not by 5,000
+    budgets, _ = cm.phase_budgets({"a": 1000}, None, {"a": 1030}, None, {"a": True}, {"a": cm.capped_supply(n, caps)})
+    assert budgets == {"a": 1030}
+    with pytest.raises(ValueError, match="capped repetition supplies at most 1,030"):
+        cm.phase_budgets({"a": 1000}, None, {"a": 1031}, None, {"a": True}, {"a": cm.capped_supply(n, caps)})
+
+
+def test_copies_are_ranked_within_their_pass_so_they_land_in_different_buckets():
+    """4x uniform repetition of a scored component: each pass is less preferred first, and a
+    document's copies sit a pass apart (not side by side, as ordering by score alone puts them)."""
+    comps = {"web": _cols("web", 5000, 11)}
+    spec = _spec([{"name": "web", "path": "w", "score_field": "s", "repeat": "uniform"}],
+                 [{"name": "p", "components": {"web": {"n_tokens": int(4 * comps["web"].n_tokens.sum())}},
+                   "orders": ["curriculum"]}])
+    pool = plan_phase_pool(spec, spec.phases[0], comps, {"web": np.ones(5000, bool)})
+    assert pool.copy.max() == 3
+    buckets = {}
+    for r, b in zip(pool.row.tolist(), pool.bucket.tolist()):
+        buckets.setdefault(r, set()).add(b)
+    assert min(len(v) for v in buckets.values()) >= 2 and np.mean([len(v) == 4 for v in buckets.values()]) > 0.9
+    scores = comps["web"].scores[pool.row]
+    for c in range(4):                                          # the curriculum holds inside every pass
+        m = pool.copy == c
+        assert np.all(np.diff(scores[m]) >= 0)
+        assert (np.flatnonzero(m).min(), np.flatnonzero(m).max()) == (m.argmax(), m.size - 1 - m[::-1].argmax())

@@ -184,14 +184,15 @@ def test_transition_in_materialized_set_13(sets):
 
 # ---- retention rules and budgets ----------------------------------------------------------------
 
-def _one(components, tokenizer_json, tmp_path, component, phase_share=None, **phase):
-    d = spec_dict(components, tokenizer_json, holdout=None)
+def _one(components, tokenizer_json, tmp_path, component, phase_share=None, set_name="p-uniform", bucket_count=6,
+         **phase):
+    d = spec_dict(components, tokenizer_json, holdout=None, bucket_count=bucket_count)
     d["components"] = [dict(component, path=str(components[component.get("src", component["name"])]))]
     d["components"][0].pop("src", None)
     d["phases"] = [{"name": "p", "components": {component["name"]: phase_share or {}}, **phase}]
     spec = parse_spec(d)
     materialize(spec, tmp_path / "o", progress=lambda m: None)
-    return _index(tmp_path / "o" / "p-uniform")
+    return _index(tmp_path / "o" / set_name)
 
 
 def _scores(components, name, col):
@@ -251,6 +252,33 @@ def test_dup_count_aware_repetition(tmp_path, tokenizer_json):
     copies = idx.groupby("doc_id").size()
     heavy = [f"dups-{i:06d}" for i in range(10)]
     assert copies.loc[heavy].mean() > copies.drop(index=heavy).mean()
+
+
+def test_repetition_respects_dedup_and_spreads_copies_over_buckets(tmp_path, tokenizer_json):
+    """A template with dup_count 5,000 takes at most max_copies; at 4x repetition every repeated
+    document's copies land in more than one curriculum bucket (copy c is ranked within pass c)."""
+    dup = pa.array([5000] + [4] * 99 + [1] * 100, type=pa.int64())
+    comp = make_component(tmp_path / "c", "dups", 200, seed=6, extra={"dup_count": dup})
+    comps = {"dups": comp, "web": comp, "math": comp, "code": comp}
+    n = _one(comps, tokenizer_json, tmp_path / "all", {"name": "dups"}, bucket_count=1).set_index("doc_id").n_tokens
+    total = int(n.sum())
+    ids = [f"dups-{i:06d}" for i in range(200)]
+    heavy, dup4, single = ids[:1], ids[1:100], ids[100:]
+    for rule, cap, cap4 in (("dup_count", 3, 3), ("log_dup_count", 4, 3)):
+        supply = total + (cap - 1) * int(n[heavy].sum()) + (cap4 - 1) * int(n[dup4].sum())
+        d = {"name": "dups", "score_field": "edu", "repeat": rule, "max_copies": cap}
+        idx = _one(comps, tokenizer_json, tmp_path / rule, d, phase_share={"n_tokens": supply},
+                   orders=["curriculum"], set_name="p-curriculum")
+        copies = idx.groupby("doc_id").size()
+        assert copies[heavy[0]] == cap                       # dup_count 5,000 (log2: 13 copies), capped
+        assert (copies[dup4] == cap4).all() and (copies[single] == 1).all()
+        with pytest.raises(MixtureSpecError, match="capped repetition supplies at most"):
+            _one(comps, tokenizer_json, tmp_path / f"{rule}-over", d, phase_share={"n_tokens": supply + 1})
+    idx = _one(comps, tokenizer_json, tmp_path / "uniform", {"name": "dups", "score_field": "edu", "repeat": "uniform"},
+               phase_share={"n_tokens": 4 * total}, orders=["curriculum"], set_name="p-curriculum")
+    per_doc = idx.groupby("doc_id").agg(copies=("copy", "size"), buckets=("bucket", "nunique"))
+    repeated = per_doc[per_doc.copies >= 4]
+    assert len(repeated) > 150 and (repeated.buckets >= 2).all()
 
 
 # ---- spec validation: bad specs fail before any work ---------------------------------------------
