@@ -26,6 +26,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from proxy_eval.evaluate import evaluate_suite, load_suite
+from proxy_eval.loading import load_trainer_model, open_tokenizer, trainer_checkpoint_tokenizer
+from proxy_eval.models import TorchModuleScorer
+from proxy_eval.profiles import build_profile
+from trainer import checkpoint as ckpt
+from trainer.average import weighted_average
+
 DECAY_SHAPES: dict[str, Callable[[float], float]] = {
     "1-sqrt": lambda x: 1.0 - math.sqrt(x),          # minus-sqrt (WSM, Nemotron 3)
     "linear": lambda x: 1.0 - x,
@@ -53,23 +60,6 @@ def merge_coefficients(k: int, shape: str = "1-sqrt") -> np.ndarray:
     return c
 
 
-def merge_state_dicts(states: Sequence[dict[str, torch.Tensor]], coefficients: Sequence[float]) -> dict[str, torch.Tensor]:
-    """Σ c_i θ_i per tensor, accumulated in float64 and returned in float32."""
-    if len(states) != len(coefficients):
-        raise ValueError(f"{len(states)} checkpoints but {len(coefficients)} coefficients")
-    keys = list(states[0])
-    for i, s in enumerate(states[1:], 1):
-        if list(s) != keys:
-            raise ValueError(f"checkpoint {i} has different tensors than checkpoint 0")
-    out = {}
-    for k in keys:
-        acc = torch.zeros_like(states[0][k], dtype=torch.float64)
-        for s, c in zip(states, coefficients):
-            acc += float(c) * s[k].to(torch.float64)
-        out[k] = acc.to(torch.float32)
-    return out
-
-
 @dataclass
 class TrackPoint:
     end_step: int
@@ -88,12 +78,6 @@ def track_run(run_dir: str | os.PathLike, suite: Any, windows: Sequence[int] = (
               progress: Callable[[str], None] | None = None) -> list[TrackPoint]:
     """Evaluate the raw checkpoint (window 0) and merges of the last k+1 checkpoints for each window
     k, ending at the latest checkpoint (`at='latest'`) or at every checkpoint (`at='all'`)."""
-    from proxy_eval.evaluate import evaluate_suite, load_suite
-    from proxy_eval.loading import load_trainer_model, open_tokenizer, trainer_checkpoint_tokenizer
-    from proxy_eval.models import TorchModuleScorer
-    from proxy_eval.profiles import build_profile
-    from trainer import checkpoint as ckpt
-
     progress = progress or (lambda m: None)
     root = Path(run_dir)
     found = ckpt.list_checkpoints(root / "checkpoints" if (root / "checkpoints").is_dir() else root)
@@ -123,7 +107,7 @@ def track_run(run_dir: str | os.PathLike, suite: Any, windows: Sequence[int] = (
                 continue
             window_steps = steps[idx - k: idx + 1]
             coeffs = merge_coefficients(k, shape) if k else np.ones(1)
-            merged = merge_state_dicts([weights(s) for s in window_steps], coeffs)
+            merged = weighted_average([weights(s) for s in window_steps], coeffs, dtype=torch.float32)
             model.load_state_dict(merged, strict=False)
             scorer = TorchModuleScorer(model, tok, max_length=model.cfg.max_seq_len, name=f"step{end}-w{k}")
             result = evaluate_suite(scorer, suite, tasks=tasks, batch_size=batch_size)

@@ -17,7 +17,8 @@ on mixture weights over many small runs, then optimize the mixture):
    (the temperature, in z units) keeps breadth, and the prior (e.g. the natural token shares) is
    what τ → ∞ returns.
 4. Bounds per component (a floor for coverage; a cap from available tokens × allowed epochs over
-   the budget) are enforced by clipping and renormalizing the free components.
+   the budget) make it a projection onto {floor ≤ w ≤ cap, Σ w = 1}: the optimum is
+   clip(t · prior · exp(u/τ), floor, cap) for the one t that makes the weights sum to 1.
 
 The result is written as a mixture spec draft (`mixture/1`) with the threshold decisions as
 retention rules and a header saying it is a draft for a person to review.
@@ -61,30 +62,57 @@ def fit_contributions(W: np.ndarray, Y: np.ndarray, ridge: float = 1e-3) -> np.n
 
 def tilted_weights(utility: np.ndarray, prior: np.ndarray, temperature: float,
                    lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """argmax_w Σ w u − τ KL(w‖prior) on the simplex with lower ≤ w ≤ upper (clip-and-renormalize:
-    components at a bound are fixed there, the rest share what is left in proportion to
-    prior·exp(u/τ))."""
+    """argmax_w Σ w u − τ KL(w‖prior) over {lower ≤ w ≤ upper, Σ w = 1}, exactly.
+
+    The objective is separable and strictly concave, so the KKT conditions give the optimum up to
+    one scalar: w_c(t) = clip(t · b_c, lower_c, upper_c) with b_c = prior_c · exp(u_c / τ) and t > 0
+    the multiplier of Σ w = 1. S(t) = Σ_c w_c(t) is nondecreasing and linear between the
+    breakpoints lower_c / b_c and upper_c / b_c; on the segment where S crosses 1 the components
+    inside their bounds share what the bounded ones leave in proportion to b_c. Everything is in
+    log space, so a cold temperature (b_c underflowing) still gives the exact projection.
+    Components with prior 0 stay at their floor.
+    """
+    lower = np.asarray(lower, dtype=np.float64)
+    upper = np.asarray(upper, dtype=np.float64)
+    prior = np.asarray(prior, dtype=np.float64)
+    if np.any(lower > upper):
+        raise ValueError(f"a weight floor exceeds its cap: floors {lower.tolist()}, caps {upper.tolist()}")
     if lower.sum() > 1 + 1e-9:
         raise ValueError(f"the weight floors sum to {lower.sum():.4g} > 1")
     if upper.sum() < 1 - 1e-9:
         raise ValueError(f"the weight caps sum to {upper.sum():.4g} < 1: not enough data for the budget")
-    logits = np.log(np.maximum(prior, 1e-300)) + utility / max(temperature, 1e-12)
-    base = np.exp(logits - logits.max())
-    w = np.zeros_like(base)
-    fixed = np.zeros(len(base), dtype=bool)
-    for _ in range(len(base) + 1):
-        free = ~fixed
-        mass = 1.0 - w[fixed].sum()
-        share = base[free] / base[free].sum() if base[free].sum() > 0 else np.full(free.sum(), 1 / free.sum())
-        w[free] = mass * share
-        over = free & (w > upper + 1e-15)
-        under = free & (w < lower - 1e-15)
-        if not over.any() and not under.any():
-            break
-        w[over] = upper[over]
-        w[under] = lower[under]
-        fixed |= over | under
-    return w / w.sum()
+    with np.errstate(divide="ignore", over="ignore"):
+        logb = np.where(prior > 0, np.log(np.where(prior > 0, prior, 1.0)), -np.inf) \
+            + np.asarray(utility, dtype=np.float64) / max(temperature, 1e-12)
+        pos = np.isfinite(logb)
+        breaks = np.concatenate([np.log(lower[pos & (lower > 0)]) - logb[pos & (lower > 0)],
+                                 np.log(upper[pos & (upper > 0)]) - logb[pos & (upper > 0)]])
+        breaks = np.unique(breaks[np.isfinite(breaks)])
+
+        def at(log_t: float) -> np.ndarray:
+            return np.clip(np.exp(log_t + logb), lower, upper)
+
+        k = int(np.searchsorted([at(x).sum() for x in breaks], 1.0, side="left"))
+        if len(breaks) == 0:
+            mid = 0.0
+        elif k == 0:
+            mid = breaks[0] - 1.0
+        elif k == len(breaks):
+            mid = breaks[-1] + 1.0
+        else:
+            mid = 0.5 * (breaks[k - 1] + breaks[k])
+        w = at(mid)
+        log_w = mid + logb      # classify in log space: the free values may underflow at `mid`
+        free = pos & (log_w > np.log(lower)) & (log_w < np.log(upper))
+    if not free.any():
+        if abs(w.sum() - 1.0) > 1e-9:
+            raise ValueError(f"no weights within the floors and caps sum to 1 (components with prior 0 keep "
+                             f"their floor): floors {lower.tolist()}, caps {upper.tolist()}")
+        return w
+    rest = 1.0 - w[~free].sum()
+    z = np.exp(logb[free] - logb[free].max())
+    w[free] = rest * z / z.sum()
+    return w
 
 
 def suggest_mixture(runs: Mapping[str, Mapping[str, float]], run_mixtures: Mapping[str, Mapping[str, float]],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -40,10 +41,17 @@ def select_for_average(steps: list[int], n: int = 6, spacing: int = 100) -> list
     return want
 
 
-def average_state_dicts(states: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """Equal-weight mean of state dicts with identical keys and shapes; float64 accumulation."""
+def weighted_average(states: Sequence[dict[str, torch.Tensor]], coefficients: Sequence[float] | None = None,
+                     dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Σ c_i θ_i per tensor over state dicts with identical keys and shapes, accumulated in float64.
+
+    The one averaging routine: `coefficients=None` is the equal-weight mean (summed, then divided
+    by n, so averaging identical checkpoints returns them unchanged); proxy_eval's merge tracking
+    passes its decay-shaped coefficients."""
     if not states:
         raise ValueError("nothing to average")
+    if coefficients is not None and len(coefficients) != len(states):
+        raise ValueError(f"{len(states)} checkpoints but {len(coefficients)} coefficients")
     keys = list(states[0])
     for i, s in enumerate(states[1:], 1):
         if list(s) != keys:
@@ -51,12 +59,17 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]], dtype: torch.dtyp
     out = {}
     for k in keys:
         acc = torch.zeros(states[0][k].shape, dtype=torch.float64)
-        for s in states:
+        for i, s in enumerate(states):
             if s[k].shape != acc.shape:
                 raise ValueError(f"tensor {k}: shapes {tuple(s[k].shape)} and {tuple(acc.shape)} differ")
-            acc += s[k].to(torch.float64)
-        out[k] = (acc / len(states)).to(dtype)
+            acc += s[k].to(torch.float64) if coefficients is None else float(coefficients[i]) * s[k].to(torch.float64)
+        out[k] = (acc / len(states) if coefficients is None else acc).to(dtype)
     return out
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]], dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Equal-weight mean of state dicts with identical keys and shapes; float64 accumulation."""
+    return weighted_average(states, None, dtype)
 
 
 def average_checkpoints(sources: list[str | os.PathLike], out: str | os.PathLike,

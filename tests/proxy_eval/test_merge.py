@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from proxy_eval.merge import best_per_point, merge_coefficients, merge_state_dicts
+from proxy_eval.merge import best_per_point, merge_coefficients
+from trainer.average import weighted_average
 
 
 def test_minus_sqrt_coefficients_hand_checked():
@@ -38,12 +39,12 @@ def test_special_shapes():
 def test_merge_is_linear_and_identity_on_equal_checkpoints():
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([3.0, 6.0]), "b": torch.tensor([1.0])}
-    m = merge_state_dicts([a, b], [0.25, 0.75])
+    m = weighted_average([a, b], [0.25, 0.75], dtype=torch.float32)
     assert m["w"].tolist() == [2.5, 5.0] and m["b"].tolist() == [0.75]
-    same = merge_state_dicts([a, a, a], merge_coefficients(2))
+    same = weighted_average([a, a, a], merge_coefficients(2), dtype=torch.float32)
     assert torch.equal(same["w"], a["w"])
     with pytest.raises(ValueError):
-        merge_state_dicts([a, {"x": torch.zeros(1)}], [0.5, 0.5])
+        weighted_average([a, {"x": torch.zeros(1)}], [0.5, 0.5])
 
 
 def test_track_a_trainer_run(tmp_path, tokenizer, tokenizer_dir):

@@ -77,3 +77,54 @@ def test_mixture_spec_draft_is_reviewable_yaml():
     assert sum(weights.values()) == pytest.approx(1.0, abs=1e-12)
     web = next(c for c in spec["components"] if c["name"] == "web")
     assert web["retention"] == {"rule": "top_fraction", "fraction": 0.05} and web["higher_is_better"] is True
+
+
+def _objective(w, u, p, tau):
+    w = np.maximum(w, 1e-300)
+    return float(w @ u - tau * np.sum(np.where(w > 1e-300, w * np.log(w / p), 0.0)))
+
+
+def test_tilted_weights_is_the_projection_when_floors_and_caps_both_bind():
+    w = tilted_weights(np.log([10.0, 1, 1]), np.ones(3) / 3, 1.0, np.array([0, .45, .45]), np.array([.5, 1, 1]))
+    assert w == pytest.approx([0.10, 0.45, 0.45], abs=1e-12)
+    # every component fixed at a bound: no division by zero
+    assert tilted_weights(np.zeros(2), np.ones(2) / 2, 1.0, np.array([.5, .5]), np.ones(2)) == pytest.approx([.5, .5])
+    assert tilted_weights(np.zeros(2), np.ones(2) / 2, 1.0, np.zeros(2), np.array([.5, .5])) == pytest.approx([.5, .5])
+
+
+def test_tilted_weights_properties_on_random_floors_and_caps():
+    """Seeded property test: feasible, KKT-optimal (w = clip(t·prior·exp(u/τ), floor, cap) for one
+    t), and no random move along the simplex that stays within the bounds is better."""
+    rng = np.random.default_rng(1234)
+    for trial in range(300):
+        n = int(rng.integers(1, 8))
+        u = rng.normal(scale=3.0, size=n)
+        p = rng.dirichlet(np.ones(n))
+        tau = float(10 ** rng.uniform(-2, 1))
+        lo = rng.dirichlet(np.ones(n)) * rng.uniform(0, 1) * (rng.random(n) < 0.6)
+        hi = np.maximum(lo, np.minimum(1.0, lo + rng.uniform(0, 1, size=n) * (rng.random(n) < 0.6) + (rng.random(n) >= 0.6)))
+        if hi.sum() < 1:
+            hi = np.minimum(1.0, hi + (1 - hi.sum()) / n + 1e-9)
+            hi = np.maximum(hi, lo)
+            if hi.sum() < 1:
+                continue
+        w = tilted_weights(u, p, tau, lo, hi)
+        assert w.sum() == pytest.approx(1.0, abs=1e-9), trial
+        assert np.all(w >= lo - 1e-12) and np.all(w <= hi + 1e-12), trial
+        logb = np.log(p) + u / tau
+        free = (w > lo + 1e-9) & (w < hi - 1e-9)
+        if free.any():   # w = clip(t·b, lo, hi) for the one t the free components share
+            log_t = np.log(w[free]) - logb[free]
+            assert np.allclose(log_t, log_t.mean(), atol=1e-6), trial
+            with np.errstate(over="ignore"):
+                assert w == pytest.approx(np.clip(np.exp(log_t.mean() + logb), lo, hi), abs=1e-9), trial
+        best = _objective(w, u, p, tau)
+        for _ in range(20):   # moves along the simplex that stay in the box never improve
+            i, j = rng.choice(n, size=2, replace=True)
+            step = min(w[i] - lo[i], hi[j] - w[j]) * rng.random()
+            if i == j or step <= 0:
+                continue
+            v = w.copy()
+            v[i] -= step
+            v[j] += step
+            assert _objective(v, u, p, tau) <= best + 1e-9, trial
