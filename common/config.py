@@ -84,10 +84,41 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, second_line: int):
+        super().__init__(f"duplicate key {key!r} at lines {first_line} and {second_line} "
+                         f"(YAML keeps only the last; remove one)")
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (plain YAML keeps the last
+    silently, so a repeated `bucket_count:` would override the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+            except TypeError:          # an unhashable key: SafeLoader reports it itself
+                break
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """The one YAML file loader of every config and spec: a mapping, with duplicate keys refused
+    (both line numbers named)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except _DuplicateKey as e:
+        raise ContractError(path, str(e), field=str(e.key)) from None
     except FileNotFoundError:
         raise ContractError(path, "config file not found") from None
     except yaml.YAMLError as e:

@@ -21,7 +21,8 @@ from kaiyuan.spark import components_io as cio
 log = get_logger("kaiyuan.ingest")
 
 JOB = "kaiyuan.ingest"
-BLANK = "_blank_lines"      # pseudo-reason of the per-split blank-line count rows (never written)
+COUNTER = "_"               # prefix of the pseudo-reasons of per-split counter rows (never written):
+                            # `_blank_lines`, `_unchecked_members` (zstd frames without a checksum)
 
 
 def job_config(source: SourceConfig, cfg: RunConfig) -> dict[str, Any]:
@@ -39,10 +40,10 @@ def _read_splits_fn(splits: list[readers.Split], opts: readers.ReadOptions):
                 split = splits[idx]
                 counters: dict[str, int] = {}
                 yield from readers.read_split(split, opts, counters)
-                if counters.get("blank_lines"):
+                for name, n in sorted(counters.items()):
                     row = {f.name: [None] for f in readers.INGEST_SCHEMA}
                     row.update(source=[split.source], origin_file=[split.path],
-                               origin_line=[counters["blank_lines"]], reason=[BLANK])
+                               origin_line=[n], reason=[COUNTER + name])
                     yield pa.RecordBatch.from_pydict(row, schema=readers.INGEST_SCHEMA)
     return read_splits
 
@@ -103,7 +104,8 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         records = records.persist(StorageLevel.DISK_ONLY)
         tally = {r["reason"]: (r["n"], r["lines"]) for r in
                  records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
-    blank_lines = int(tally.pop(BLANK, (0, 0))[1] or 0)
+    counted = {k[len(COUNTER):]: int(tally.pop(k)[1] or 0) for k in sorted(tally, key=str)
+               if k is not None and k.startswith(COUNTER)}
     total_bytes = sum(f.size for f in files)
     n_records = sum(int(v[0]) for v in tally.values())
     with sw("write"):
@@ -121,7 +123,7 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
             reasons["duplicate_id"] = n_dup
         outputs = []
         if reasons:
-            bad = records.where(F.col("reason").isNotNull() & (F.col("reason") != BLANK)).drop("id", "text", "meta")
+            bad = records.where(F.col("reason").isNotNull() & ~F.col("reason").startswith(COUNTER)).drop("id", "text", "meta")
             if n_dup:            # only then is the ranking computed a second time
                 bad = bad.unionByName(ranked.where(F.col("_rank") > 1).select(
                     "source", "origin_file", "origin_line", F.lit("duplicate_id").alias("reason"),
@@ -136,7 +138,8 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         "documents": n_docs,
         "quarantined": sum(reasons.values()),
         "quarantine_reasons": dict(sorted(reasons.items())),
-        "blank_lines": blank_lines,
+        "blank_lines": counted.get("blank_lines", 0),
+        **({"unchecked_members": counted["unchecked_members"]} if counted.get("unchecked_members") else {}),
         "files": len(files),
         "splits": len(splits),
     }
