@@ -31,19 +31,22 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from common import atomic
 from common.errors import ContractError
 from common.log import get_logger
 from common.manifest import find_complete, fingerprints
+from common.records import read_conversations, record_files, record_tools
 from mixtures import curriculum as cm
 from mixtures.shards import ShardFile, ShardFileWriter, ShardManifest, build_manifest, token_dtype
 from mixtures.tokenizers import Tokenizer, TokenizerSpec, load_tokenizer
+
+# record_tools is common.records' (contract 6 is read there); named here for callers of this module
+__all__ = ["JinjaTemplate", "SftConfig", "encode_segments", "materialize_sft", "record_tools", "render_chatml"]
 
 log = get_logger("mixtures.sft")
 
@@ -211,77 +214,6 @@ def encode_segments(tokenizer: Tokenizer, segments: list[Segment]) -> tuple[np.n
     return tokens, mask
 
 
-# ---- reading records ------------------------------------------------------------------------------
-
-def _files(inputs: list[str]) -> list[Path]:
-    out: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".parquet") and not f.name.startswith((".", "_"))))
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise ContractError(p, "SFT input not found", field="inputs")
-    return out
-
-
-def iter_records(inputs: list[str]) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """(file, line/row, record) for every record of every input file."""
-    for f in _files(inputs):
-        if f.suffix == ".parquet":
-            for i, rec in enumerate(pq.read_table(f).to_pylist()):
-                yield str(f), i, rec
-        else:
-            with open(f, encoding="utf-8") as fh:
-                for i, line in enumerate(fh):
-                    if line.strip():
-                        try:
-                            yield str(f), i, json.loads(line)
-                        except json.JSONDecodeError as e:
-                            yield str(f), i, {"_error": f"not JSON ({e})"}
-
-
-def record_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The tool definitions of a record: `tools` (a list, or JSON text as the synth parquet export
-    writes it), else `meta.tools` (records written before contract 6 had `tools`). ValueError
-    when they are not a list of function definitions."""
-    tools = rec.get("tools")
-    if tools is None:
-        meta = rec.get("meta")
-        if isinstance(meta, str):
-            try:
-                meta = json.loads(meta)
-            except json.JSONDecodeError:
-                meta = None
-        tools = meta.get("tools") if isinstance(meta, dict) else None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"tools are not valid JSON ({e.msg})") from None
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str)
-                                              for t in tools):
-        raise ValueError("tools are not a list of tool definitions")
-    return tools
-
-
-def record_problem(rec: dict[str, Any]) -> str | None:
-    """Why a record cannot be trained on, or None."""
-    if "_error" in rec:
-        return rec["_error"]
-    msgs = rec.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        return "no messages"
-    if rec.get("kind") not in (None, "sft"):
-        return f"kind {rec.get('kind')!r} is not sft"
-    if not any(m.get("role") == "assistant" and ((m.get("content") or "").strip() or m.get("tool_calls")) for m in msgs):
-        return "no assistant turn"
-    return None
-
-
 # ---- the command ----------------------------------------------------------------------------------
 
 def pack_next_fit(lengths: np.ndarray, seq_len: int) -> np.ndarray:
@@ -302,7 +234,7 @@ def materialize_sft(cfg: SftConfig, out_dir: str | os.PathLike, progress: Callab
     progress = progress or (lambda m: log.info(m))
     out = Path(out_dir)
     tokenizer = load_tokenizer(cfg.tokenizer)
-    files = _files(cfg.inputs)
+    files = record_files(cfg.inputs)
     inputs = fingerprints(files)
     config = {"sft": cfg.model_dump(mode="json", by_alias=True)}
     found = None if force else find_complete(out, ShardManifest, config, inputs)
@@ -313,13 +245,10 @@ def materialize_sft(cfg: SftConfig, out_dir: str | os.PathLike, progress: Callab
     template = None if cfg.chat_template == "chatml" else JinjaTemplate(cfg.chat_template)
     convs: list[tuple[str, np.ndarray, np.ndarray]] = []
     quarantine: dict[str, int] = {}
-    for f, i, rec in iter_records([str(p) for p in files]):
-        why = record_problem(rec)
-        rid = str(rec.get("id") or f"{Path(f).name}:{i}")
-        if why is None:
+    for f, i, conv, why in read_conversations(files):
+        if conv is not None:
             try:
-                tools = record_tools(rec)
-                segs = template.segments(rec["messages"], tools) if template else render_chatml(rec["messages"], tools)
+                segs = template.segments(conv.messages, conv.tools) if template else render_chatml(conv.messages, conv.tools)
                 toks, mask = encode_segments(tokenizer, segs)
                 toks = np.append(toks, tokenizer.eos_id)
                 mask = np.append(mask, 0).astype(np.uint8)
@@ -333,7 +262,7 @@ def materialize_sft(cfg: SftConfig, out_dir: str | os.PathLike, progress: Callab
             key = why.split(" (")[0]
             quarantine[key] = quarantine.get(key, 0) + 1
             continue
-        convs.append((rid, toks, mask))
+        convs.append((conv.id, toks, mask))
     if not convs:
         raise ContractError(files[0] if files else "inputs", f"no trainable SFT records (quarantined: {quarantine})")
     ids = [c[0] for c in convs]
@@ -379,11 +308,3 @@ def materialize_sft(cfg: SftConfig, out_dir: str | os.PathLike, progress: Callab
     progress(f"sft: {len(convs):,} conversations, {manifest.n_tokens:,} tokens ({n_pad:,} padding) in "
              f"{len(shards)} shards, {sum(quarantine.values())} quarantined, {time.perf_counter() - t0:.1f}s")
     return manifest
-
-
-def iter_messages_texts(inputs: Iterable[str]) -> Iterator[str]:
-    """Plain text of every message (e.g. for training a tokenizer that also covers chat data)."""
-    for _, _, rec in iter_records(list(inputs)):
-        for m in rec.get("messages") or []:
-            if m.get("content"):
-                yield m["content"]

@@ -85,7 +85,7 @@ def _export(argv: list[str]) -> int:
 def _clean(argv: list[str]) -> int:
     from common import atomic
     from synth.decontam import build_eval_index, clean_records, removal_summary
-    from synth.records import read_records, write_records
+    from common.records import read_records, write_records
     ap = argparse.ArgumentParser(prog="python -m synth clean")
     ap.add_argument("records", type=Path)
     ap.add_argument("--out", type=Path, required=True)

@@ -48,6 +48,9 @@ class HttpBackend:
     async def close(self) -> None:
         await self.client.close()
 
+    async def served_info(self) -> dict[str, Any]:
+        return await self.client.served_info()
+
     def stats(self) -> dict[str, Any]:
         return self.client.stats()
 
@@ -206,6 +209,16 @@ class VllmBackend:
                 if not f.done():
                     f.set_result(res)
 
+    async def served_info(self) -> dict[str, Any]:
+        """The in-process engine's own config (vLLM's LLM.llm_engine.model_config), where it has one."""
+        mc = getattr(getattr(self._llm, "llm_engine", None), "model_config", None)
+        out: dict[str, Any] = {"engine": "vllm"} if self._factory is None else {}
+        if mc is not None and getattr(mc, "dtype", None) is not None:
+            out["precision"] = str(mc.dtype).removeprefix("torch.")
+        if mc is not None and getattr(mc, "logprobs_mode", None):
+            out["logprobs_mode"] = str(mc.logprobs_mode).rsplit(".", 1)[-1].lower()
+        return out
+
     async def complete(self, req: ChatRequest) -> ChatResult:
         if self._queue is None:
             raise RuntimeError("VllmBackend.complete before start()")
@@ -277,6 +290,20 @@ class CachedBackend:
 
     async def close(self) -> None:
         await self.inner.close()
+
+    async def served_info(self) -> dict[str, Any]:
+        """The endpoint's report about itself, once per model and kept with the answers, so a
+        cached rerun writes the same records without the server."""
+        key = cache_key({"probe": "served_info/1", "model": self.cfg.model})
+        hit = self.cache.get(key)
+        if hit is not None:
+            return dict(hit)
+        if not self._started:
+            await self.start()
+            self._started = True
+        info = await self.inner.served_info()
+        self.cache.put(key, self.cfg.model, info)
+        return info
 
     def stats(self) -> dict[str, Any]:
         return dict(self.inner.stats(), n_cached=self.n_cached)

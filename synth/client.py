@@ -87,6 +87,10 @@ class ChatResult:
     # OpenAI tool calls of the answer ({"id", "type": "function", "function": {"name", "arguments":
     # JSON text}}); finish_reason is then "tool_calls" (or "stop" for a named tool_choice, as vLLM does)
     tool_calls: list[dict[str, Any]] | None = None
+    # the thinking a reasoning parser split off (vLLM/SGLang `--reasoning-parser`: `reasoning_content`,
+    # newer vLLM and OpenRouter: `reasoning`; DeepSeek's API: `reasoning_content`) and which field held it
+    reasoning: str | None = None
+    reasoning_field: str | None = None
 
     @property
     def truncated(self) -> bool:
@@ -95,12 +99,12 @@ class ChatResult:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("content", "finish_reason", "prompt_tokens", "completion_tokens",
                                               "tokens", "logprobs", "token_ids", "prompt_token_ids", "model",
-                                              "endpoint", "tool_calls")}
+                                              "endpoint", "tool_calls", "reasoning", "reasoning_field")}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ChatResult":
         return cls(**{k: d.get(k) for k in ("content", "finish_reason", "tokens", "logprobs", "token_ids",
-                                             "prompt_token_ids", "tool_calls")},
+                                             "prompt_token_ids", "tool_calls", "reasoning", "reasoning_field")},
                    prompt_tokens=d.get("prompt_tokens") or 0, completion_tokens=d.get("completion_tokens") or 0,
                    model=d.get("model") or "", endpoint=d.get("endpoint") or "")
 
@@ -331,9 +335,10 @@ def parse_chat_response(endpoint: str, data: Any) -> ChatResult:
         raise MalformedResponse(endpoint, f"choice has no message: {str(choice)[:200]}")
     content = msg.get("content")
     if content is None:
-        # some servers put thinking in `reasoning_content` and leave content null on a cut-off;
+        # a reply cut off while thinking has null content (the thinking is in `reasoning_content`);
         # an answer that only calls tools has null content too
         content = ""
+    reasoning, reasoning_field = reasoning_of(msg)
     try:
         tool_calls = normalize_tool_calls(msg.get("tool_calls"))
     except ToolCallShapeError as e:
@@ -347,7 +352,48 @@ def parse_chat_response(endpoint: str, data: Any) -> ChatResult:
         prompt_tokens=int(usage.get("prompt_tokens") or 0), completion_tokens=int(usage.get("completion_tokens") or 0),
         tokens=tokens, logprobs=lps, token_ids=ids,
         prompt_token_ids=data.get("prompt_token_ids") if isinstance(data.get("prompt_token_ids"), list) else None,
-        model=str(data.get("model") or ""), endpoint=endpoint, tool_calls=tool_calls)
+        model=str(data.get("model") or ""), endpoint=endpoint, tool_calls=tool_calls,
+        reasoning=reasoning, reasoning_field=reasoning_field)
+
+
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def reasoning_of(msg: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(thinking text, the field it came in) of a message or stream delta; (None, None) without."""
+    for f in REASONING_FIELDS:
+        v = msg.get(f)
+        if isinstance(v, str) and v:
+            return v, f
+    return None, None
+
+
+def served_info_from(model: str, models: Any, version: Any, server_info: Any) -> dict[str, Any]:
+    """Engine, version, precision and logprobs mode as the server reports them: vLLM lists
+    `owned_by: vllm` in /v1/models, its version at /version, and (dev mode,
+    `VLLM_SERVER_DEV_MODE=1`) its whole config at /server_info (model_config.dtype,
+    model_config.logprobs_mode). Keys the server did not report are absent."""
+    out: dict[str, Any] = {}
+    entries = models.get("data") if isinstance(models, dict) else None
+    entry = next((m for m in entries or [] if isinstance(m, dict) and m.get("id") == model), None)
+    if entry and isinstance(entry.get("owned_by"), str) and entry["owned_by"].lower() in ("vllm", "sglang"):
+        out["engine"] = entry["owned_by"].lower()
+    if isinstance(version, dict) and isinstance(version.get("version"), str):
+        out["engine_version"] = version["version"]
+    cfg = server_info.get("vllm_config") if isinstance(server_info, dict) else None
+    if isinstance(cfg, str):
+        try:
+            cfg = json.loads(cfg)
+        except json.JSONDecodeError:
+            cfg = None
+    mc = cfg.get("model_config") if isinstance(cfg, dict) else None
+    if isinstance(mc, dict):
+        out["engine"] = out.get("engine") or "vllm"
+        if mc.get("dtype"):
+            out["precision"] = str(mc["dtype"]).removeprefix("torch.")
+        if mc.get("logprobs_mode"):
+            out["logprobs_mode"] = str(mc["logprobs_mode"]).rsplit(".", 1)[-1].lower()
+    return out
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -486,6 +532,24 @@ class ChatClient:
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, AttributeError) as e:
             return f"{type(e).__name__}: {e}"
 
+    async def get_json(self, url: str) -> Any:
+        """GET `url` as JSON; None when the endpoint has no such route or answers otherwise."""
+        try:
+            async with self._sess().get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                if r.status != 200:
+                    return None
+                return json.loads(await r.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    async def served_info(self) -> dict[str, Any]:
+        """What the first endpoint says about how it serves the model (`served_info_from`)."""
+        url = self.endpoints[0].url
+        root = url[: -len("/v1")] if url.endswith("/v1") else url
+        models, version, info = await asyncio.gather(self.get_json(f"{url}/models"), self.get_json(f"{root}/version"),
+                                                     self.get_json(f"{root}/server_info?config_format=json"))
+        return served_info_from(self.cfg.model, models, version, info)
+
     async def wait_ready(self, timeout_s: float | None = None, require_all: bool = False,
                          poll_s: float = 0.5) -> list[str]:
         """Poll every endpoint until it lists the model; returns the ready URLs. Raises
@@ -590,6 +654,8 @@ class ChatClient:
         model = ""
         done = False
         calls: dict[int, dict[str, Any]] = {}          # tool-call deltas by index: id, name, argument pieces
+        thinking: list[str] = []
+        thinking_field = None
         async for line in r.content:
             line = line.strip()
             if not line.startswith(b"data:"):
@@ -609,6 +675,10 @@ class ChatClient:
                 delta = ch.get("delta") or {}
                 if delta.get("content"):
                     parts.append(delta["content"])
+                piece, where = reasoning_of(delta)
+                if piece:
+                    thinking.append(piece)
+                    thinking_field = thinking_field or where
                 for tc in delta.get("tool_calls") or []:
                     # OpenAI streams a call as its id and name first, then pieces of the arguments
                     if not isinstance(tc, dict) or not isinstance(tc.get("index"), int):
@@ -640,7 +710,7 @@ class ChatClient:
                           completion_tokens=int(usage.get("completion_tokens") or len(tokens)),
                           tokens=tokens or None, logprobs=lps or None,
                           token_ids=ids if ids and len(ids) == len(tokens or ids) else None,
-                          model=model, endpoint=url)
+                          model=model, endpoint=url, reasoning="".join(thinking) or None, reasoning_field=thinking_field)
 
     # ---- public ------------------------------------------------------------------------------
     async def complete(self, req: ChatRequest) -> ChatResult:

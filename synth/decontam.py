@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from common.errors import ContractError
-from synth.records import SynthRecord
+from common.records import SynthRecord
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

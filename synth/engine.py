@@ -39,12 +39,13 @@ from synth.cache import ResponseCache
 from synth.client import CircuitOpenError, RequestRejected, TeacherConfig
 from synth.decontam import EvalIndex, build_eval_index
 from synth.pipeline import POST_STEPS, STEPS, GeneratorConfig, PostStep, Row, RowError, Step
-from synth.records import SynthRecord, validate_record
+from common.records import validate_record
 from synth.sources import load_rows
 
-import synth.steps  # noqa: F401  (registers the built-in steps)
+import synth.steps
 
 log = get_logger("synth.engine")
+BUILTIN_STEPS = synth.steps          # imported for its registrations
 
 JOURNAL_SCHEMA = "synth-journal/1"
 RUN_SCHEMA = "synth-run/1"
@@ -92,6 +93,7 @@ class RunEnv:
         self._cache = cache
         self._llm_factory = llm_factory
         self._eval: dict[str, EvalIndex] = {}
+        self._served: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     def backend(self, role: str) -> Any:
         if role not in self._backends:
@@ -101,6 +103,12 @@ class RunEnv:
             self._backends[role] = make_backend(self.generator.teachers[role], self._cache, seed=self.seed,
                                                 llm_factory=self._llm_factory)
         return self._backends[role]
+
+    async def endpoint_info(self, role: str) -> dict[str, Any]:
+        """What the teacher `role`'s endpoint reports about how it serves (once per role)."""
+        if role not in self._served:
+            self._served[role] = asyncio.ensure_future(self.backend(role).served_info())
+        return await asyncio.shield(self._served[role])
 
     def eval_index(self, specs: list[dict[str, Any]], n: int) -> EvalIndex:
         key = canonical_json([specs, n])

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from common import atomic
 from common.errors import ContractError
 from common.hashing import sha256_file
-from synth.records import READABLE_SCHEMAS, RECORD_SCHEMA, SynthRecord, read_records
+from common.records import READABLE_SCHEMAS, RECORD_SCHEMA, SynthRecord, read_records
 
 EXPORT_SCHEMA = "synth-export/1"
 SPLIT_OF_KIND = {"sft": "train", "rl_prompt": "rl_prompts", "rl_rollout": "rl_rollouts"}
@@ -36,7 +36,8 @@ TOOL_CALL = pa.struct([("id", _STR), ("type", _STR), ("function", pa.struct([("n
 MESSAGE = pa.struct([("role", _STR), ("content", _STR), ("tool_calls", pa.list_(TOOL_CALL)),
                      ("tool_call_id", _STR), ("name", _STR)])
 TEACHER = pa.struct([("model", _STR), ("role", _STR), ("engine", _STR), ("temperature", pa.float64()),
-                     ("top_p", pa.float64()), ("top_k", pa.int64()), ("max_tokens", pa.int64()), ("seed", pa.int64())])
+                     ("top_p", pa.float64()), ("top_k", pa.int64()), ("max_tokens", pa.int64()), ("seed", pa.int64()),
+                     ("reasoning_field", _STR)])
 VERIFICATION = pa.struct([("method", _STR), ("verdict", pa.bool_()), ("score", pa.float64()), ("rule", _STR),
                           ("detail", _STR)])
 ROLLOUT = pa.struct([
@@ -45,7 +46,8 @@ ROLLOUT = pa.struct([
     ("logprobs_after_sampling_transforms", pa.bool_()), ("engine", _STR), ("precision", _STR),
     ("temperature", pa.float64()), ("top_p", pa.float64()), ("top_k", pa.int64()), ("seed", pa.int64()),
     ("policy", _STR), ("finish_reason", _STR), ("truncated", pa.bool_()), ("max_context", pa.int64()),
-    ("token_ids_source", _STR)])
+    ("token_ids_source", _STR), ("engine_source", _STR), ("precision_source", _STR), ("logprobs_mode_source", _STR),
+    ("engine_version", _STR), ("format_reward", pa.float64())])
 RECORD_ARROW_SCHEMA = pa.schema([
     ("schema", _STR), ("id", _STR), ("kind", _STR), ("generator", _STR), ("prompt_id", _STR), ("source", _STR),
     ("category", _STR), ("license", _STR), ("messages", pa.list_(MESSAGE)), ("tools", _STR), ("system", _STR),

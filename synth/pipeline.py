@@ -2,18 +2,20 @@
 per-prompt steps and a list of dataset-level post steps. Steps and sources are registered
 classes, so a domain generator adds its own in a few lines:
 
+    from common.config import StrictModel
     from synth.pipeline import Step, register_step, Row
-    from pydantic import BaseModel
 
     @register_step("execute_sql")
     class ExecuteSql(Step):
-        class Config(BaseModel):
+        class Config(StrictModel):
             field: str = "sql"
         async def apply(self, row: Row) -> None:
-            for cand in self.alive(row, self.cfg.field):
-                ok, why = run_it(cand.text)
-                if not ok:
-                    self.reject(row, cand, why)
+            await self.keep(row, self.cfg.field, lambda c: self.check(run_it, c.text))
+
+`keep` is datatrove's base-filter habit: the check returns None (keep) or the reason, and the
+base class rejects, quarantines and counts; `check` runs a pure function in the check pool
+(another process, under a time limit), `ask` sends a request to a teacher role with a derived
+seed, `add_candidate` and `record` build the row's candidates and its contract-6 records.
 
 A row is one prompt travelling through the steps: its source `fields` (prompt, reference, ...),
 named candidate lists that `generate` fills (one candidate per sampled response), and the
@@ -24,29 +26,34 @@ named candidate lists that `generate` fills (one candidate per sampled response)
 from __future__ import annotations
 
 import abc
+import asyncio
 import hashlib
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Awaitable, Callable, ClassVar, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from synth.client import ChatResult, TeacherConfig
-from synth.records import SynthRecord, Verification
+from common.config import StrictModel, validate
+from common.hashing import stable_id
+from common.records import Message, SynthRecord, TeacherInfo, Verification
+from synth.checkpool import check_pool
+from synth.client import ChatRequest, ChatResult, RetriesExhausted, TeacherConfig
 
 # ---- configuration ------------------------------------------------------------------------------
 
 
-class OutputConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class OutputConfig(StrictModel):
     formats: list[str] = Field(default_factory=lambda: ["jsonl"])   # jsonl, parquet, datasets
     max_inflight_rows: int = 256            # prompts in flight at once (requests are bounded per endpoint)
     max_error_rows: int | None = None       # abort when more prompts than this fail for good
     keep_reject_text_chars: int = 4000      # how much of a rejected response the quarantine keeps
+    check_timeout_s: float = 20.0           # per verifier/validator call (synth.checkpool); past it: verdict timeout
+    check_workers: int | None = None        # check-pool processes (default: min(4, CPUs))
 
 
-class GeneratorConfig(BaseModel):
+class GeneratorConfig(StrictModel):
     """A generator: `python -m synth <name|path.yaml> --out DIR [key=value ...]`."""
-    model_config = ConfigDict(extra="forbid")
     generator: str
     version: int = 1
     description: str = ""
@@ -75,6 +82,7 @@ class Candidate:
     mode: str | None = None                                   # on / off / None
     result: ChatResult | None = None
     parsed: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None              # the request that produced it, as sent
     verification: Verification | None = None
     alive: bool = True
     reason: str = ""
@@ -150,43 +158,53 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
+def render(template: str, fields: dict[str, Any]) -> str:
+    """`template.format_map(fields)` with an error that names the missing field (the one template
+    formatter of every step)."""
+    try:
+        return template.format_map(fields)
+    except KeyError as e:
+        raise ValueError(f"template {template[:60]!r} uses field {{{e.args[0]}}}, which the row does not have "
+                         f"(fields: {', '.join(sorted(fields))})") from None
+
+
 class _Base:
     kind: ClassVar[str] = ""
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-    @classmethod
-    def parse_config(cls, raw: dict[str, Any], where: str) -> BaseModel:
-        data = {k: v for k, v in raw.items() if k not in ("kind", "name")}
-        try:
-            return cls.Config.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ValueError(f"{where} ({cls.kind}): field '{loc}': {err['msg']}") from None
-
-
-class Step(_Base, abc.ABC):
-    """A per-prompt step. Subclasses define `Config` (pydantic) and `async apply(row)`.
-
-    `self.env` gives the run: `env.backend(role)`, `env.generator` (the config), `env.seed`.
-    Helpers count and quarantine: `alive(row, field)`, `reject(row, cand, reason)`, `count(row, n_in, n_out)`.
-    """
+    class Config(StrictModel):
+        pass
 
     def __init__(self, name: str, cfg: Any, env: Any):
         self.name = name
         self.cfg = cfg
         self.env = env
 
-    @abc.abstractmethod
-    async def apply(self, row: Row) -> None:
-        """Transform `row` in place: add candidates, reject some, emit records, or drop it."""
+    @classmethod
+    def parse_config(cls, raw: dict[str, Any], where: str) -> BaseModel:
+        data = {k: v for k, v in raw.items() if k not in ("kind", "name")}
+        return validate(cls.Config, data, f"{where} ({cls.kind})")
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, **self.cfg.model_dump(mode="json")}
 
-    # helpers ---------------------------------------------------------------------------------
+
+Check = Callable[["Candidate"], "str | None | Awaitable[str | None]"]
+
+
+class Step(_Base, abc.ABC):
+    """A per-prompt step. Subclasses define `Config` (a `StrictModel`) and `async apply(row)`.
+
+    `self.env` gives the run: `env.backend(role)`, `env.generator` (the config), `env.seed`.
+    The base class owns what every step does: `ask` a teacher, `add_candidate`, `keep` the
+    candidates a check passes (rejecting and counting the rest), `check` in the check pool,
+    `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest.
+    """
+
+    @abc.abstractmethod
+    async def apply(self, row: Row) -> None:
+        """Transform `row` in place: add candidates, reject some, emit records, or drop it."""
+
+    # ---- candidates, rejections, counts ------------------------------------------------------
     @staticmethod
     def alive(row: Row, field_name: str) -> list[Candidate]:
         return [c for c in row.candidates.get(field_name, []) if c.alive]
@@ -198,24 +216,98 @@ class Step(_Base, abc.ABC):
         row.rejects.append({"prompt_id": row.id, "step": self.name, "field": cand.field, "candidate": cand.index,
                             "reason": reason, "text": cand.text[:keep], "level": "candidate"})
 
-    def count(self, row: Row, n_in: int, n_out: int) -> None:
-        c = row.step_counts.setdefault(self.name, [0, 0])
+    def count(self, row: Row, n_in: int, n_out: int, stage: str | None = None) -> None:
+        """Add to this step's in/out counts, or to a sub-stage's (`<step>.<stage>` in the manifest)."""
+        c = row.step_counts.setdefault(f"{self.name}.{stage}" if stage else self.name, [0, 0])
         c[0] += n_in
         c[1] += n_out
+
+    async def keep(self, row: Row, cands: str | list[Candidate], check: Check, stage: str | None = None) -> list[Candidate]:
+        """Run `check(candidate) -> reason | None` (sync or async; async ones concurrently) over the
+        alive candidates of a field (or the given ones); reject those with a reason, count in and
+        out, and return the kept ones in order."""
+        todo = self.alive(row, cands) if isinstance(cands, str) else list(cands)
+        found = [check(c) for c in todo]
+        pending = [i for i, r in enumerate(found) if inspect.isawaitable(r)]
+        if pending:
+            done = await asyncio.gather(*(found[i] for i in pending))
+            for i, r in zip(pending, done):
+                found[i] = r
+        kept = []
+        for c, why in zip(todo, found):
+            if why:
+                self.reject(row, c, str(why))
+            else:
+                kept.append(c)
+        self.count(row, len(todo), len(kept), stage)
+        return kept
+
+    async def check(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        """`fn(*args)` in the check pool (another process) under the run's `output.check_timeout_s`
+        (or `timeout_s`); raises `CheckTimeout` past it. `fn` must be a module-level function."""
+        out = self.env.generator.output
+        return await check_pool(out.check_workers).run(fn, *args, timeout_s=timeout_s or out.check_timeout_s)
+
+    # ---- teacher requests --------------------------------------------------------------------
+    def request_seed(self, row: Row, *key: Any) -> int:
+        return derive_seed(self.env.seed, row.id, self.name, *key)
+
+    async def ask(self, row: Row, role: str, messages: list[dict[str, Any]], *key: Any,
+                  params: dict[str, Any] | None = None, seed: int | None = None, **request: Any) -> ChatResult:
+        """One chat request to the teacher `role`, seeded by `key` (its identity within the row,
+        unless `seed` is given); `request` holds further `ChatRequest` fields (json_schema, tools,
+        tool_choice, logprobs, ...). A request that fails after every retry fails the prompt for
+        this run (`RowError`: the next run retries it)."""
+        backend = self.env.backend(role)
+        req = ChatRequest(messages=messages, params=dict(params or {}),
+                          seed=self.request_seed(row, *key) if seed is None else seed, **request)
+        try:
+            res = await backend.complete(req)
+        except RetriesExhausted as e:
+            raise RowError(f"prompt {row.id}: teacher '{role}' ({backend.cfg.model}) failed in step {self.name}: {e}") from e
+        row.usage["requests"] += 1
+        row.usage["cached"] += int(res.cached)
+        row.usage["prompt_tokens"] += res.prompt_tokens
+        row.usage["completion_tokens"] += res.completion_tokens
+        return res
+
+    def teacher_info(self, role: str, params: dict[str, Any] | None, seed: int | None) -> dict[str, Any]:
+        cfg = self.env.backend(role).cfg
+        p = params or {}
+        return {"model": cfg.model, "role": role, "engine": cfg.engine, "temperature": p.get("temperature"),
+                "top_p": p.get("top_p"), "top_k": p.get("top_k"), "max_tokens": p.get("max_tokens"), "seed": seed}
+
+    def add_candidate(self, row: Row, field: str, text: str, role: str, params: dict[str, Any] | None,
+                      res: ChatResult | None, seed: int | None, **parsed: Any) -> Candidate:
+        cands = row.candidates.setdefault(field, [])
+        c = Candidate(field=field, index=len(cands), text=text, teacher_role=role, result=res,
+                      teacher=self.teacher_info(role, params, seed), parsed=dict(parsed))
+        cands.append(c)
+        return c
+
+    # ---- records -----------------------------------------------------------------------------
+    def record(self, row: Row, key: Iterable[Any], messages: list[dict[str, Any]], *,
+               teacher: dict[str, Any] | None, verification: Verification | None, meta: dict[str, Any],
+               category: str | None = None, source: str = "", tools: list[dict[str, Any]] | None = None) -> SynthRecord:
+        """Append an `sft` record (contract 6) with a stable id from the generator, the prompt id
+        and `key`; `tools` are the tool definitions the conversation exposed."""
+        gen = self.env.generator
+        t = {k: v for k, v in (teacher or {}).items() if k in TeacherInfo.model_fields}
+        rec = SynthRecord(
+            id=stable_id(gen.generator, row.id, *key), kind="sft", generator=gen.generator, prompt_id=row.id,
+            source=source or str(row.fields.get("source") or ""), category=category or gen.category,
+            license=gen.license, messages=[Message(**m) for m in messages], tools=tools,
+            teacher=TeacherInfo(**t) if t else None, verification=verification, meta=meta)
+        row.records.append(rec)
+        return rec
 
 
 class PostStep(_Base, abc.ABC):
     """A dataset-level step over all finished records (sorted by prompt order), e.g. cleaning
     and curriculum ordering. Returns the kept records and a list of removals with reasons."""
 
-    def __init__(self, name: str, cfg: Any, env: Any):
-        self.name = name
-        self.cfg = cfg
-        self.env = env
-
     @abc.abstractmethod
     def apply(self, records: list[SynthRecord]) -> tuple[list[SynthRecord], list[dict[str, Any]]]:
         """(kept records, removals as {record id, reason, ...})."""
 
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, **self.cfg.model_dump(mode="json")}
+

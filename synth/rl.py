@@ -121,9 +121,14 @@ def gaussian_curriculum_batches(items: Sequence[tuple[str, float]], batch_size: 
 
 
 def rollout_fields(result: Any, teacher: dict[str, Any], params: dict[str, Any], seed: int | None,
-                   max_context: int | None = None) -> dict[str, Any]:
+                   max_context: int | None = None, served: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `rollout` of a record from a ChatResult: token ids only as the engine returned them
-    (never re-tokenized), logprobs with their provenance, truncation (Ring-linear §4.4)."""
+    (never re-tokenized), logprobs with their provenance, truncation (Ring-linear §4.4).
+    `served` is what the endpoint reported about itself (`synth.backends.endpoint_info`: engine,
+    engine_version, precision, logprobs_mode); what it did not report is the teacher config's,
+    marked `declared`."""
+    served = served or {}
+    teacher = dict(teacher, **{k: served[k] for k in ("engine", "precision", "logprobs_mode") if served.get(k)})
     mode = teacher.get("logprobs_mode", "raw_logprobs")
     ids = result.token_ids
     lps = result.logprobs
@@ -146,4 +151,6 @@ def rollout_fields(result: Any, teacher: dict[str, Any], params: dict[str, Any],
         "truncated": result.finish_reason == "length",
         "max_context": max_context,
         "token_ids_source": "engine" if ids is not None else "none",
+        **{f"{k}_source": "endpoint" if served.get(k) else "declared" for k in ("engine", "precision", "logprobs_mode")},
+        "engine_version": served.get("engine_version"),
     }

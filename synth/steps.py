@@ -9,20 +9,24 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 from typing_extensions import Annotated
 
+from common.config import StrictModel
 from common.hashing import stable_id
+from common.records import TOGGLE, Message, Rollout, SynthRecord, TeacherInfo, Verification
 from synth import rl
-from synth.client import ChatRequest, RequestRejected, RetriesExhausted
-from synth.decontam import build_eval_index, clean_records, removal_summary
-from synth.pipeline import Candidate, PostStep, Row, RowError, Step, derive_seed, register_post_step, register_step
-from synth.records import TOGGLE, Message, Rollout, SynthRecord, TeacherInfo, Verification
+from synth.checkpool import CheckTimeout
+from synth.decontam import clean_records, removal_summary
+from synth.pipeline import Candidate, PostStep, Row, Step, derive_seed, register_post_step, register_step, render
 from synth.verify import ANSWER_EXTRACTORS, ANSWER_KEYS, get_verifier, majority_answer, parse_reasoning
 
+try:                                   # the verifier module's full check, where it has one
+    from synth.verify import check_json_schema
+except ImportError:
+    from synth.jsonout import check_json_schema
 
-class _Cfg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_Cfg = StrictModel
 
 
 def _yaml_mode(v: Any) -> Any:
@@ -33,12 +37,26 @@ def _yaml_mode(v: Any) -> Any:
 Mode = Annotated[Literal["on", "off"], BeforeValidator(_yaml_mode)]
 
 
-def _format(template: str, fields: dict[str, Any]) -> str:
-    try:
-        return template.format_map(fields)
-    except KeyError as e:
-        raise ValueError(f"template {template[:60]!r} uses field {e} which the row does not have "
-                         f"(fields: {', '.join(fields)})") from None
+def with_reasoning(content: str, reasoning: str | None) -> str:
+    """The response text of a record: thinking a reasoning parser split off (`reasoning_content`)
+    goes back in front of the answer as the `<think>...</think>` block the toggle format expects
+    (unless the content already has one)."""
+    if not reasoning or "<think>" in content:
+        return content
+    return f"<think>\n{reasoning.strip()}\n</think>\n{content.lstrip()}"
+
+
+def vote(method: str, texts: list[str]) -> tuple[str | None, int]:
+    """Majority answer over `texts` with the method's extractor and equivalence key (runs in the
+    check pool: equivalence can call sympy)."""
+    extract = ANSWER_EXTRACTORS.get(method, ANSWER_EXTRACTORS["math"])
+    key = ANSWER_KEYS.get(method, ANSWER_KEYS["math"])
+    return majority_answer([extract(t) for t in texts], key)
+
+
+def toggle_format_reward(text: str, mode: str | None) -> float | None:
+    """LN §5.1 format reward: 1.0 when the response has the layout its toggle asks for."""
+    return None if mode is None else float(parse_reasoning(text, mode).ok)
 
 
 # ---- per-prompt steps ---------------------------------------------------------------------------
@@ -88,6 +106,8 @@ class Generate(Step):
         top_logprobs: int = 0
         return_token_ids: bool = False
         json_schema: dict[str, Any] | None = None
+        # a reply that fails json_schema is asked again this many times, with the error (then rejected)
+        json_retries: int = 0
 
     def role_for(self, row: Row) -> str:
         t = self.cfg.teacher
@@ -104,12 +124,12 @@ class Generate(Step):
         msgs = []
         system = self.cfg.system if self.cfg.system is not None else (TOGGLE[self.cfg.mode] if self.cfg.mode else None)
         if system:
-            msgs.append({"role": "system", "content": _format(system, row.fields)})
+            msgs.append({"role": "system", "content": render(system, row.fields)})
         for shot in self.cfg.fewshot:
             if set(shot) != {"user", "assistant"}:
                 raise ValueError(f"step {self.name}: each fewshot item needs exactly `user` and `assistant`")
             msgs += [{"role": "user", "content": shot["user"]}, {"role": "assistant", "content": shot["assistant"]}]
-        msgs.append({"role": "user", "content": _format(self.cfg.template, row.fields)})
+        msgs.append({"role": "user", "content": render(self.cfg.template, row.fields)})
         if self.cfg.prefill:
             msgs.append({"role": "assistant", "content": self.cfg.prefill})
         return msgs
@@ -120,37 +140,51 @@ class Generate(Step):
             p.update(continue_final_message=True, add_generation_prompt=False)
         return p
 
+    async def sample(self, row: Row, role: str, msgs: list[dict[str, Any]], i: int) -> tuple[Any, int, str | None]:
+        """Sample i: (result, seed, why it fails json_schema or None); a failing structured reply
+        is asked again with the error, up to `json_retries` times."""
+        seed = derive_seed(self.env.seed, row.id, self.cfg.field, i)
+        kw = dict(logprobs=self.cfg.logprobs, top_logprobs=self.cfg.top_logprobs,
+                  return_token_ids=self.cfg.return_token_ids, json_schema=self.cfg.json_schema)
+        res = await self.ask(row, role, msgs, params=self.params(), seed=seed, **kw)
+        why = None
+        for attempt in range(self.cfg.json_retries + 1):
+            if self.cfg.json_schema is None:
+                break
+            try:
+                why = await self.check(check_json_schema, res.content, self.cfg.json_schema)
+            except CheckTimeout as e:
+                why = f"timeout: {e}"
+            if why is None or attempt == self.cfg.json_retries:
+                break
+            again = msgs + [{"role": "assistant", "content": res.content},
+                            {"role": "user", "content": f"That reply is not valid: {why}. Reply again with only the JSON."}]
+            res = await self.ask(row, role, again, params=self.params(),
+                                 seed=derive_seed(self.env.seed, row.id, self.cfg.field, i, "json", attempt), **kw)
+        return res, seed, why
+
     async def apply(self, row: Row) -> None:
         role = self.role_for(row)
-        backend = self.env.backend(role)
-        tcfg = backend.cfg
+        tcfg = self.env.backend(role).cfg
         msgs = self.messages(row)
-        reqs = [ChatRequest(messages=msgs, params=self.params(),
-                            seed=derive_seed(self.env.seed, row.id, self.cfg.field, i),
-                            logprobs=self.cfg.logprobs, top_logprobs=self.cfg.top_logprobs,
-                            return_token_ids=self.cfg.return_token_ids, json_schema=self.cfg.json_schema)
-                for i in range(self.cfg.n)]
-        try:
-            results = await asyncio.gather(*(backend.complete(r) for r in reqs))
-        except RetriesExhausted as e:
-            raise RowError(f"prompt {row.id}: teacher '{role}' ({tcfg.model}) failed: {e}") from e
-        except RequestRejected:
-            raise
+        samples = await asyncio.gather(*(self.sample(row, role, msgs, i) for i in range(self.cfg.n)))
         cands = row.candidates.setdefault(self.cfg.field, [])
         p = self.cfg.params
-        for i, (req, res) in enumerate(zip(reqs, results)):
-            row.usage["requests"] += 1
-            row.usage["cached"] += int(res.cached)
-            row.usage["prompt_tokens"] += res.prompt_tokens
-            row.usage["completion_tokens"] += res.completion_tokens
-            cands.append(Candidate(
-                field=self.cfg.field, index=len(cands), text=(self.cfg.prefill or "") + res.content,
-                teacher_role=role, mode=self.cfg.mode,
-                result=res,
+        kept = 0
+        for res, seed, why in samples:
+            c = Candidate(
+                field=self.cfg.field, index=len(cands), text=(self.cfg.prefill or "") + with_reasoning(res.content, res.reasoning),
+                teacher_role=role, mode=self.cfg.mode, result=res, messages=msgs,
                 teacher={"model": tcfg.model, "role": role, "engine": tcfg.engine, "temperature": p.get("temperature"),
                          "top_p": p.get("top_p"), "top_k": p.get("top_k"), "max_tokens": p.get("max_tokens"),
-                         "seed": req.seed, "logprobs_mode": tcfg.logprobs_mode, "precision": tcfg.precision}))
-        self.count(row, len(reqs), len(results))
+                         "seed": seed, "logprobs_mode": tcfg.logprobs_mode, "precision": tcfg.precision,
+                         "reasoning_field": res.reasoning_field})
+            cands.append(c)
+            if why:
+                self.reject(row, c, f"json_schema: {why}")
+            else:
+                kept += 1
+        self.count(row, len(samples), kept)
 
 
 @register_step("parse_reasoning")
@@ -162,20 +196,16 @@ class ParseReasoning(Step):
         mode: Mode | None = None    # default: the mode the candidates were generated in
 
     async def apply(self, row: Row) -> None:
-        alive = self.alive(row, self.cfg.field)
-        kept = 0
-        for c in alive:
+        def split(c: Candidate) -> str | None:
             mode = self.cfg.mode or c.mode
             if mode is None:
                 raise ValueError(f"step {self.name}: field '{self.cfg.field}' has no mode; set mode: on|off")
             parsed = parse_reasoning(c.text, mode)
             c.parsed["think"] = parsed.think
             c.parsed["answer_text"] = parsed.answer
-            if parsed.ok:
-                kept += 1
-            else:
-                self.reject(row, c, parsed.problem)
-        self.count(row, len(alive), kept)
+            return None if parsed.ok else parsed.problem
+
+        await self.keep(row, self.cfg.field, split)
 
 
 @register_step("filter")
@@ -191,27 +221,23 @@ class Filter(Step):
         must_not_contain: list[str] = Field(default_factory=list)
         must_match: str | None = None
 
+    def problem(self, c: Candidate, pat: re.Pattern[str] | None) -> str | None:
+        if self.cfg.drop_truncated and c.result is not None and c.result.finish_reason == "length":
+            return "truncated at max_tokens (finish_reason=length)"
+        if len(c.text.strip()) < self.cfg.min_chars:
+            return f"shorter than {self.cfg.min_chars} chars"
+        if self.cfg.max_chars is not None and len(c.text) > self.cfg.max_chars:
+            return f"longer than {self.cfg.max_chars} chars"
+        banned = next((s for s in self.cfg.must_not_contain if s in c.text), None)
+        if banned is not None:
+            return "contains a forbidden substring: " + banned
+        if pat is not None and not pat.search(c.text):
+            return f"does not match {self.cfg.must_match!r}"
+        return None
+
     async def apply(self, row: Row) -> None:
-        alive = self.alive(row, self.cfg.field)
-        kept = 0
         pat = re.compile(self.cfg.must_match, re.S) if self.cfg.must_match else None
-        for c in alive:
-            why = None
-            if self.cfg.drop_truncated and c.result is not None and c.result.finish_reason == "length":
-                why = "truncated at max_tokens (finish_reason=length)"
-            elif len(c.text.strip()) < self.cfg.min_chars:
-                why = f"shorter than {self.cfg.min_chars} chars"
-            elif self.cfg.max_chars is not None and len(c.text) > self.cfg.max_chars:
-                why = f"longer than {self.cfg.max_chars} chars"
-            elif any(s in c.text for s in self.cfg.must_not_contain):
-                why = "contains a forbidden substring: " + next(s for s in self.cfg.must_not_contain if s in c.text)
-            elif pat is not None and not pat.search(c.text):
-                why = f"does not match {self.cfg.must_match!r}"
-            if why:
-                self.reject(row, c, why)
-            else:
-                kept += 1
-        self.count(row, len(alive), kept)
+        await self.keep(row, self.cfg.field, lambda c: self.problem(c, pat))
 
 
 JUDGE_TEMPLATE = (
@@ -253,26 +279,14 @@ class JudgeSpec(_Cfg):
 
 async def judge_candidates(step: Step, row: Row, cands: list[Candidate], spec: JudgeSpec,
                            reference: Any, answer_key: str = "answer_text") -> list[tuple[bool | None, float | None]]:
-    backend = step.env.backend(spec.teacher)
-    reqs = []
-    for c in cands:
+    async def one(c: Candidate) -> tuple[bool | None, float | None]:
         fields = dict(row.fields, question=row.prompt, reference="" if reference is None else reference,
                       response=c.parsed.get(answer_key) or c.text)
-        reqs.append(ChatRequest(messages=[{"role": "user", "content": _format(spec.template, fields)}],
-                                params=dict(spec.params), seed=derive_seed(step.env.seed, row.id, step.name, c.field, c.index),
-                                json_schema=JUDGE_SCHEMA if spec.constrained else None))
-    try:
-        results = await asyncio.gather(*(backend.complete(r) for r in reqs))
-    except RetriesExhausted as e:
-        raise RowError(f"prompt {row.id}: judge '{spec.teacher}' failed: {e}") from e
-    out = []
-    for res in results:
-        row.usage["requests"] += 1
-        row.usage["cached"] += int(res.cached)
-        row.usage["prompt_tokens"] += res.prompt_tokens
-        row.usage["completion_tokens"] += res.completion_tokens
-        out.append(parse_judge_verdict(res.content))
-    return out
+        res = await step.ask(row, spec.teacher, [{"role": "user", "content": render(spec.template, fields)}], c.field, c.index,
+                             params=spec.params, json_schema=JUDGE_SCHEMA if spec.constrained else None)
+        return parse_judge_verdict(res.content)
+
+    return list(await asyncio.gather(*(one(c) for c in cands)))
 
 
 @register_step("verify")
@@ -297,11 +311,11 @@ class Verify(Step):
         answer_source = row.fields.get("answer_source") or "reference"
         if ref is None or (isinstance(ref, str) and not ref.strip()):
             if self.cfg.fallback == "majority_vote":
-                extract = ANSWER_EXTRACTORS.get(self.cfg.method, ANSWER_EXTRACTORS["math"])
-                key = ANSWER_KEYS.get(self.cfg.method, ANSWER_KEYS["math"])
                 pool = [c for f in (self.cfg.vote_fields or self.cfg.fields) for c in self.alive(row, f)]
-                answers = [extract(c.parsed.get("answer_text") or c.text) for c in pool]
-                ref, votes = majority_answer(answers, key)
+                try:
+                    ref, votes = await self.check(vote, self.cfg.method, [c.parsed.get("answer_text") or c.text for c in pool])
+                except CheckTimeout:
+                    ref, votes = None, 0
                 if ref is None or votes < self.cfg.min_votes:
                     self.count(row, len(pool), 0)
                     row.drop(self.name, f"no reference and no majority answer (best has {votes} votes, "
@@ -320,19 +334,19 @@ class Verify(Step):
                 return
         else:
             row.fields.setdefault("answer_source", "reference")
-        n_in = kept = 0
-        for f in self.cfg.fields:
-            for c in self.alive(row, f):
-                n_in += 1
-                out = verifier(c.parsed.get("answer_text") or c.text, ref, row.fields)
-                c.parsed["extracted"] = out.extracted
-                c.verification = Verification(method=self.cfg.method, verdict=out.passed, score=out.score,
-                                              rule=answer_source, detail=out.detail or None)
-                if out.passed:
-                    kept += 1
-                else:
-                    self.reject(row, c, out.detail or "wrong answer")
-        self.count(row, n_in, kept)
+        async def verdict(c: Candidate) -> str | None:
+            try:
+                out = await self.check(verifier, c.parsed.get("answer_text") or c.text, ref, row.fields)
+            except CheckTimeout as e:           # counted like any rejection
+                c.verification = Verification(method=self.cfg.method, verdict=False, score=0.0, rule=answer_source,
+                                              detail=f"timeout: {e}")
+                return f"verifier timeout: {e}"
+            c.parsed["extracted"] = out.extracted
+            c.verification = Verification(method=self.cfg.method, verdict=out.passed, score=out.score,
+                                          rule=answer_source, detail=out.detail or None)
+            return None if out.passed else (out.detail or "wrong answer")
+
+        await self.keep(row, [c for f in self.cfg.fields for c in self.alive(row, f)], verdict)
 
     async def _judge_all(self, row: Row, ref: Any) -> None:
         if self.cfg.judge is None:
@@ -357,8 +371,10 @@ class Judge(Step):
         cands = [c for f in fields for c in step.alive(row, f)]
         verdicts = await judge_candidates(step, row, cands, spec, ref)
         model = step.env.backend(spec.teacher).cfg.model
-        kept = 0
-        for c, (verdict, score) in zip(cands, verdicts):
+        found = dict(zip(map(id, cands), verdicts))
+
+        def admit(c: Candidate) -> str | None:
+            verdict, score = found[id(c)]
             if spec.min_score is not None:
                 ok = score is not None and score >= spec.min_score
                 rule = f"reward>={spec.min_score:g}:{model}"
@@ -369,10 +385,10 @@ class Judge(Step):
                                           score=score, rule=rule,
                                           detail=None if verdict is not None or score is not None else "unparseable judge reply")
             if ok:
-                kept += 1
-            else:
-                step.reject(row, c, "judge: unparseable reply" if (verdict is None and score is None) else "judge said no")
-        step.count(row, len(cands), kept)
+                return None
+            return "judge: unparseable reply" if (verdict is None and score is None) else "judge said no"
+
+        await step.keep(row, cands, admit)
         row.fields.setdefault("answer_source", "judge")
 
 
@@ -480,25 +496,33 @@ class FormatRl(Step):
     async def apply(self, row: Row) -> None:
         gen = self.env.generator
         cands = row.candidates.get(self.cfg.field, [])
+        sent = next((c.messages for c in cands if c.messages), None) or [{"role": "user", "content": row.prompt}]
         common = dict(generator=gen.generator, prompt_id=row.id, source=str(row.fields.get("source") or ""),
                       category=str(row.fields.get("category") or gen.category), license=gen.license,
                       prompt=row.prompt, reference=None if row.fields.get("reference") is None else str(row.fields["reference"]),
                       verifier=self.cfg.verifier, pass_rate=row.fields.get("pass_rate"),
                       n_samples=row.fields.get("n_samples"), estimator=row.fields.get("estimator"),
                       answer_source=row.fields.get("answer_source"))
-        out = [SynthRecord(id=stable_id(gen.generator, row.id, "rl_prompt"), kind="rl_prompt", **common)]
+        # the prompt exactly as the policy was sampled on: system (toggle) prompt, few-shot, template, prefill
+        out = [SynthRecord(id=stable_id(gen.generator, row.id, "rl_prompt"), kind="rl_prompt",
+                           messages=[Message(**m) for m in sent], **common)]
         if self.cfg.rollouts:
             for c in cands:
                 if c.result is None:
                     continue
                 passed = bool(c.alive and c.verification is not None and c.verification.verdict)
+                served = await self.env.endpoint_info(c.teacher_role)
                 ro = rl.rollout_fields(c.result, c.teacher, {"temperature": c.teacher.get("temperature"),
                                                              "top_p": c.teacher.get("top_p"), "top_k": c.teacher.get("top_k")},
-                                       c.teacher.get("seed"), self.cfg.max_context)
+                                       c.teacher.get("seed"), self.cfg.max_context, served=served)
+                ro["format_reward"] = toggle_format_reward(c.text, c.mode)
+                msgs = c.messages or sent
+                if msgs and msgs[-1]["role"] == "assistant":      # a prefill: the sample continues that turn
+                    msgs = msgs[:-1]
                 t = {k: v for k, v in c.teacher.items() if k in TeacherInfo.model_fields}
                 out.append(SynthRecord(
                     id=stable_id(gen.generator, row.id, c.field, c.index, "rollout"), kind="rl_rollout", **common,
-                    messages=[Message(role="user", content=row.prompt), Message(role="assistant", content=c.text)],
+                    messages=[Message(**m) for m in msgs] + [Message(role="assistant", content=c.text)],
                     teacher=TeacherInfo(**t), verification=c.verification, reward=1.0 if passed else 0.0,
                     rollout=Rollout(**ro), meta={"rejected_by": c.reason or None}))
         row.records += out

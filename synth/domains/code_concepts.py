@@ -37,7 +37,7 @@ from synth.domains import code_validate as cv
 from synth.domains.glue import StepCfg, add_candidate, ask, build_record, render, request_seed
 from synth.domains.seeds import load_concepts
 from synth.pipeline import PostStep, Row, Step, register_post_step, register_source, register_step
-from synth.records import SynthRecord, Verification
+from common.records import SynthRecord, Verification
 
 MAX_CONCEPTS = 4          # §2.3.2: each call combines up to 4 concepts
 MAX_PROBLEMS = 5          # up to 5 problems per combination

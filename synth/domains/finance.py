@@ -36,7 +36,7 @@ from synth.domains import finance_validate as fv
 from synth.domains.glue import JudgeParams, StepCfg, add_candidate, ask, build_record, render, request_seed
 from synth.domains.seeds import load_companies, load_finance_templates, read_seed_file, resolve_seed_path
 from synth.pipeline import PostStep, Row, Step, register_post_step, register_source, register_step
-from synth.records import SynthRecord, Verification
+from common.records import SynthRecord, Verification
 
 MAX_PARAPHRASES = 3          # §3.1.1: up to 3 distinct phrasings per combination
 N_CANDIDATES = 5             # GenSelect over 5 candidates from different seeds

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.hashing import stable_id
 from synth.client import ChatRequest, ChatResult, RetriesExhausted
 from synth.pipeline import Candidate, Row, RowError, Step, derive_seed
-from synth.records import Message, SynthRecord, TeacherInfo, Verification
+from common.records import Message, SynthRecord, TeacherInfo, Verification
 
 
 class StepCfg(BaseModel):

@@ -21,7 +21,7 @@ from synth.domains import mcq_validate as mv
 from synth.domains.glue import StepCfg, add_candidate, ask, build_record, render, request_seed
 from synth.domains.seeds import load_mcq_seeds
 from synth.pipeline import Row, Step, register_source, register_step
-from synth.records import Verification
+from common.records import Verification
 
 
 @register_source("mcq_seeds")

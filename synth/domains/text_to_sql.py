@@ -37,7 +37,7 @@ from synth.domains import sql_validate as sv
 from synth.domains.glue import JudgeParams, RubricCfg, StepCfg, add_candidate, ask, build_record, render, request_seed, score_rubric
 from synth.domains.seeds import load_sql_taxonomy
 from synth.pipeline import Row, Step, register_source, register_step
-from synth.records import Verification
+from common.records import Verification
 
 DIALECT_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MySQL"}
 

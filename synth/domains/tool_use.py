@@ -48,7 +48,7 @@ from synth.domains.glue import (VERDICT_SCHEMA, JudgeParams, StepCfg, add_candid
 from synth.domains.seeds import load_domains, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems, tool_definition_problems
 from synth.pipeline import Row, RowError, Step, register_source, register_step
-from synth.records import Verification
+from common.records import Verification
 
 TYPE_INSTRUCTIONS = {
     "single_turn": "Everything needed is in this one message; the assistant can finish the task in one reply (after calling tools if needed).",

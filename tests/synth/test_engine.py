@@ -25,7 +25,7 @@ from synth.engine import run
 from synth.export import load_export
 from synth.fakeserver import Fault
 from synth.pipeline import GeneratorConfig, Row, Step, register_step
-from synth.records import SYSTEM_OFF, SYSTEM_ON, read_records
+from common.records import SYSTEM_OFF, SYSTEM_ON, read_records
 
 from .conftest import fast_teacher, pairs_config
 

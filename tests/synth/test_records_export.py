@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import ContractError
 from synth.export import export_records, load_export, to_arrow
-from synth.records import Message, Rollout, SynthRecord, read_records, write_records
+from common.records import Message, Rollout, SynthRecord, read_records, write_records
 
 
 def sft(i: int, mode: str = "on", **kw) -> SynthRecord:

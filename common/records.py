@@ -1,5 +1,6 @@
 """SFT / RL records (ARCHITECTURE.md contract 6): the one schema, reader and writer for what synth
-emits and what the mixtures SFT packer and RL trainers read.
+emits and what the mixtures SFT packer and RL trainers read (`read_conversations` is the
+trainer's view: messages and tools of every trainable record of jsonl or parquet files).
 
 Field names mirror the released Llama-Nemotron / Nemotron post-training datasets (`messages`,
 `reasoning`, `generator`, `category`, `license`; anchors.md §2.2) plus what an audit needs:
@@ -28,11 +29,15 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import pyarrow.parquet as pq
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from common import atomic
+from common.config import StrictModel, validate
 from common.errors import ContractError
 
 RECORD_SCHEMA = "synth-record/2"
@@ -42,21 +47,18 @@ SYSTEM_OFF = "detailed thinking off"
 TOGGLE = {"on": SYSTEM_ON, "off": SYSTEM_OFF}
 
 
-class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ToolCallFunction(StrictModel):
     name: str
     arguments: str                      # JSON text, as the OpenAI protocol carries it
 
 
-class ToolCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ToolCall(StrictModel):
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Message(StrictModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -86,11 +88,10 @@ def tool_definition_shape(tool: Any, i: int = 0) -> str | None:
     return None
 
 
-class TeacherInfo(BaseModel):
+class TeacherInfo(StrictModel):
     """Which model answered and how it sampled (LN testable behaviour 10: temperature and top-p
     on every record). The endpoint URL is not recorded: with load spreading it varies between
     runs, and records must be byte-identical for the same inputs, config and seeds."""
-    model_config = ConfigDict(extra="forbid")
     model: str
     role: str = ""                      # the generator's name for it: reasoning, instruct, judge, policy
     engine: str = "unknown"
@@ -99,10 +100,10 @@ class TeacherInfo(BaseModel):
     top_k: int | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    reasoning_field: str | None = None  # where the thinking came: reasoning_content | reasoning (None: in the text)
 
 
-class Verification(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Verification(StrictModel):
     method: str                         # math_equivalence, mcq_letter, judge, reward, majority_vote, format
     verdict: bool
     score: float | None = None
@@ -110,10 +111,9 @@ class Verification(BaseModel):
     detail: str | None = None
 
 
-class Rollout(BaseModel):
+class Rollout(StrictModel):
     """Everything a PPO-style trainer needs to use the engine's own probabilities as pi_old
     (Ring-linear §4.2, Eq. 5), and to decide whether it may."""
-    model_config = ConfigDict(extra="forbid")
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     rollout_logprobs: list[float] | None = None
@@ -130,6 +130,15 @@ class Rollout(BaseModel):
     truncated: bool = False
     max_context: int | None = None
     token_ids_source: str = "none"          # engine (return_token_ids / token_id:N) | none
+    # where engine, precision and logprobs_mode come from: `endpoint` (the server reported it:
+    # vLLM's /v1/models, /version, /server_info) or `declared` (the generator's teacher config)
+    engine_source: Literal["endpoint", "declared"] = "declared"
+    precision_source: Literal["endpoint", "declared"] = "declared"
+    logprobs_mode_source: Literal["endpoint", "declared"] = "declared"
+    engine_version: str | None = None
+    # Llama-Nemotron §5.1's format reward for the reasoning toggle: 1 when the sample has the
+    # think-block layout its mode asks for, 0 otherwise (None: no toggle)
+    format_reward: float | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> "Rollout":
@@ -141,8 +150,8 @@ class Rollout(BaseModel):
         return self
 
 
-class SynthRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class SynthRecord(StrictModel):
+    model_config = ConfigDict(populate_by_name=True)
     schema_: Literal["synth-record/2"] = Field(default=RECORD_SCHEMA, alias="schema")
     id: str
     kind: Literal["sft", "rl_prompt", "rl_rollout"] = "sft"
@@ -223,13 +232,7 @@ def validate_record(data: Any, path: str | os.PathLike = "<records>", line: int 
             raise ContractError(where, f"record {data.get('id', '?')}: `tools` is a {RECORD_SCHEMA} field, "
                                 f"not one of {data['schema']}", field="tools")
         data = dict(data, schema=RECORD_SCHEMA)
-    try:
-        return SynthRecord.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or None
-        rid = data.get("id", "?")
-        raise ContractError(where, f"record {rid}: {err['msg']}", field=field) from None
+    return validate(SynthRecord, data, f"{where} record {data.get('id', '?')}")
 
 
 def read_records(path: str | os.PathLike) -> Iterator[SynthRecord]:
@@ -247,7 +250,103 @@ def read_records(path: str | os.PathLike) -> Iterator[SynthRecord]:
 
 
 def write_records(path: str | os.PathLike, records: Iterable[SynthRecord]) -> int:
-    from common import atomic
     lines = [r.to_json_line() for r in records]
     atomic.write_text(path, "".join(lines))
     return len(lines)
+
+
+# ---- the trainer's view -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Conversation:
+    """What an SFT packer trains on: a record's messages (OpenAI chat dicts) and tool definitions."""
+    id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+def record_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tool definitions of a record: `tools` (a list, or JSON text as the synth parquet export
+    writes it), else `meta.tools` (records written before contract 6 had `tools`). ValueError
+    when they are not a list of function definitions."""
+    tools = rec.get("tools")
+    if tools is None:
+        meta = rec.get("meta")
+        if isinstance(meta, str):
+            try:
+                meta = json.loads(meta)
+            except json.JSONDecodeError:
+                meta = None
+        tools = meta.get("tools") if isinstance(meta, dict) else None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tools are not valid JSON ({e.msg})") from None
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str)
+                                              for t in tools):
+        raise ValueError("tools are not a list of tool definitions")
+    return tools
+
+
+def record_problem(rec: dict[str, Any]) -> str | None:
+    """Why a record cannot be trained on, or None."""
+    msgs = rec.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return "no messages"
+    if rec.get("kind") not in (None, "sft"):
+        return f"kind {rec.get('kind')!r} is not sft"
+    if not any(m.get("role") == "assistant" and ((m.get("content") or "").strip() or m.get("tool_calls")) for m in msgs):
+        return "no assistant turn"
+    return None
+
+
+def record_files(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """The record files of `inputs` (files, or directories searched for .jsonl / .parquet)."""
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".parquet") and not f.name.startswith((".", "_"))))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ContractError(p, "record input not found", field="inputs")
+    return out
+
+
+def _raw_records(f: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+    if f.suffix == ".parquet":
+        for i, rec in enumerate(pq.read_table(f).to_pylist()):
+            yield i, rec, None
+        return
+    with open(f, encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if line.strip():
+                try:
+                    yield i, json.loads(line), None
+                except json.JSONDecodeError as e:
+                    yield i, None, f"not JSON ({e})"
+
+
+def read_conversations(files: Iterable[Path]) -> Iterator[tuple[str, int, Conversation | None, str | None]]:
+    """(file, line/row, conversation, None) for every trainable record of `files`, and
+    (file, line/row, None, why) for every other one, so the caller quarantines it with the reason.
+    Lenient on purpose: records of any version, parquet exports (tools and meta as JSON text) and
+    hand-made chat files (messages only) are read; what cannot be trained on is named."""
+    for f in files:
+        for i, rec, why in _raw_records(f):
+            if rec is not None:
+                why = record_problem(rec)
+            if why is None:
+                try:
+                    tools = record_tools(rec)          # type: ignore[arg-type]
+                except ValueError as e:
+                    why = str(e)
+            if why is not None:
+                yield str(f), i, None, why
+                continue
+            assert rec is not None
+            yield str(f), i, Conversation(str(rec.get("id") or f"{f.name}:{i}"), rec["messages"], tools), None
