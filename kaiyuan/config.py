@@ -7,7 +7,7 @@ A run config names the output root, the Spark settings, the sources, and one sec
     sources:
       - {name: web, paths: [data/web/*.jsonl.zst], text_field: text, id_field: url}
     ingest: {max_text_bytes: 16777216}
-    dedup:  {scope: source, minhash: {n_grams: 5, bands: 14, rows: 8}}
+    dedup:  {scope: source, threshold: 0.7}
     score:
       annotators:
         - {type: lid}
@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common import storage
+from common.config import StrictModel
 from kaiyuan import minhash
 
 RUN_CONFIG_VERSION = 1
@@ -72,42 +74,54 @@ class IngestConfig(_Strict):
     raw_prefix_chars: int = Field(300, ge=0)         # how much of a bad record the quarantine keeps
 
 
-class MinHashConfig(_Strict):
-    """MinHash-LSH parameters. Defaults follow FineWeb/datatrove: word 5-grams, 14 bands x 8 rows
-    (threshold ~ (1/14)^(1/8) = 0.72; P(candidate | J=0.8) = 1-(1-0.8^8)^14 = 0.92).
-    Give `threshold` instead to let `minhash.optimal_bands_rows` choose bands and rows for
-    `num_perm` permutations, weighing false positives against false negatives."""
+class MinHashConfig(StrictModel):
+    """MinHash-LSH parameters: word 5-grams (FineWeb/datatrove), `num_perm` permutations, and
+    bands x rows derived from `dedup.threshold` by `minhash.lsh_bands_rows` (datasketch's search,
+    weighted `false_positive_weight` : 1 - it, i.e. towards recall: verification removes the false
+    candidates, nothing brings back a missed one). At the default 112 permutations that is 18 x 6
+    for 0.7 (P(candidate | J=0.7) = 0.90) and FineWeb's 14 x 8 for 0.8 (P(candidate | J=0.8) = 0.92).
+    Explicit `bands` and `rows` override the derivation."""
 
     n_grams: int = Field(5, ge=1)
     shingles: Literal["word", "char", "auto"] = "word"
-    bands: int = Field(14, ge=1)
-    rows: int = Field(8, ge=1)
-    threshold: Optional[float] = Field(None, gt=0, lt=1)
-    num_perm: Optional[int] = Field(None, ge=1)
-    false_positive_weight: float = Field(0.5, ge=0, le=1)
+    bands: Optional[int] = Field(None, ge=1)
+    rows: Optional[int] = Field(None, ge=1)
+    num_perm: Optional[int] = Field(None, ge=1)      # None: 112, or bands x rows when both are given
+    false_positive_weight: float = Field(0.05, ge=0, le=1)
     seed: int = 1
 
-    def resolved(self) -> tuple[int, int, int]:
-        """(bands, rows, num_perm) actually used."""
-        if self.threshold is not None:
-            num_perm = self.num_perm or self.bands * self.rows
-            b, r = minhash.optimal_bands_rows(self.threshold, num_perm, self.false_positive_weight,
-                                              1.0 - self.false_positive_weight)
-            return b, r, num_perm
-        num_perm = self.num_perm or self.bands * self.rows
-        if self.bands * self.rows > num_perm:
-            raise ValueError(f"bands x rows = {self.bands * self.rows} exceeds num_perm = {num_perm}")
-        return self.bands, self.rows, num_perm
+    @model_validator(mode="after")
+    def _bands_with_rows(self) -> "MinHashConfig":
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("give both minhash.bands and minhash.rows, or neither (then dedup.threshold decides)")
+        if self.bands is not None and self.num_perm is not None and self.bands * self.rows > self.num_perm:
+            raise ValueError(f"bands x rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
+        return self
+
+    def resolved(self, threshold: float) -> tuple[int, int, int]:
+        """(bands, rows, num_perm) actually used for a Jaccard `threshold`."""
+        if self.bands is not None:
+            return self.bands, self.rows, self.num_perm or self.bands * self.rows
+        num_perm = self.num_perm or 112
+        b, r = minhash.lsh_bands_rows(threshold, num_perm, self.false_positive_weight)
+        return b, r, num_perm
 
 
-class VerifyConfig(_Strict):
-    """Drop LSH candidate pairs whose signature-estimated Jaccard is below `threshold`."""
+class VerifyConfig(StrictModel):
+    """Exact verification of LSH candidates (on by default): a candidate pair becomes an edge only
+    when the exact Jaccard of the two documents' shingle-hash sets is >= `threshold` (None:
+    `dedup.threshold`). Buckets of up to `all_pairs_max` documents contribute all their pairs; a
+    larger bucket pairs each member with the next `window` members in the order of their band
+    keys (sorted neighbourhood), so its cost is `window` pairs per member instead of n^2 / 2.
+    Off: the bucket's members are joined to its smallest member unverified (datatrove's edges)."""
 
-    enabled: bool = False
-    threshold: float = Field(0.7, gt=0, le=1)
+    enabled: bool = True
+    threshold: Optional[float] = Field(None, gt=0, le=1)
+    all_pairs_max: int = Field(64, ge=2)
+    window: int = Field(16, ge=1)
 
 
-class RepresentativeConfig(_Strict):
+class RepresentativeConfig(StrictModel):
     by: Literal["id", "score"] = "id"
     column: Optional[str] = None                 # with by=score, e.g. "quality.dclm"
     higher_is_better: bool = True
@@ -119,9 +133,13 @@ class RepresentativeConfig(_Strict):
         return self
 
 
-class DedupConfig(_Strict):
+class DedupConfig(StrictModel):
+    """`threshold`: the Jaccard of word `minhash.n_grams`-shingle sets at which two documents are
+    near-duplicates (0.7 as in Kaiyuan-Spark); LSH bands and rows and the verification follow it."""
+
     exact: bool = True
     near: bool = True
+    threshold: float = Field(0.7, gt=0, lt=1)
     scope: Literal["source", "global"] = "source"   # "global": clusters may span sources
     minhash: MinHashConfig = MinHashConfig()
     verify: VerifyConfig = VerifyConfig()
@@ -129,6 +147,14 @@ class DedupConfig(_Strict):
     target_file_mb: float = Field(128.0, gt=0)
     max_cc_rounds: int = Field(60, ge=1)
     input_dir: Optional[str] = None              # default <output>/ingest
+
+    def lsh(self) -> tuple[int, int, int]:
+        """(bands, rows, num_perm) of this run."""
+        return self.minhash.resolved(self.threshold)
+
+    @property
+    def verify_threshold(self) -> float:
+        return self.verify.threshold if self.verify.threshold is not None else self.threshold
 
 
 # ---- annotators (the score job): a small registry of node types, selected by `type` ----------
@@ -228,13 +254,13 @@ class RunConfig(_Strict):
 
     # stage directories
     def stage_dir(self, stage: str) -> Path:
-        return Path(self.output) / stage
+        return storage.path(self.output) / stage
 
     def dedup_input_dir(self) -> Path:
-        return Path(self.dedup.input_dir) if self.dedup.input_dir else self.stage_dir("ingest")
+        return storage.path(self.dedup.input_dir) if self.dedup.input_dir else self.stage_dir("ingest")
 
     def score_input_dir(self) -> Path:
-        return Path(self.score.input_dir) if self.score.input_dir else self.stage_dir("dedup")
+        return storage.path(self.score.input_dir) if self.score.input_dir else self.stage_dir("dedup")
 
 
 # ---- train-classifier ----------------------------------------------------------------------

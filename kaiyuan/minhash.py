@@ -20,11 +20,15 @@ source; parameters follow FineWeb's precedent, which the report does not state):
    candidates when any band key is equal: P(candidate | Jaccard J) = 1 - (1 - J^r)^b.
 
 `optimal_bands_rows` picks (b, r) for a target threshold by weighing the false-positive and
-false-negative areas under that S-curve, as datasketch's `MinHashLSH` does.
+false-negative areas under that S-curve, as datasketch's `MinHashLSH` does; `lsh_bands_rows` is
+kaiyuan's weighting (towards recall). Candidates are then verified exactly: `shingle_sets`,
+`intersection_sizes` and `jaccard` give the exact Jaccard of the shingle-hash sets of many pairs
+at once (one definition for Spark, the local paths and the benchmark's ground truth).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -296,10 +300,45 @@ def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray | float
     return np.mean(np.asarray(sig_a) == np.asarray(sig_b), axis=-1)
 
 
+# ---- exact Jaccard of shingle-hash sets (verification and ground truth) ---------------------
+
+def shingle_sets(shingles: Ragged) -> Ragged:
+    """Each document's shingle hashes as a set: sorted ascending, repeats dropped."""
+    n = len(shingles.lengths)
+    doc = np.repeat(np.arange(n, dtype=np.int64), shingles.lengths)
+    order = np.lexsort((shingles.values, doc))
+    v, d = shingles.values[order], doc[order]
+    keep = np.ones(len(v), dtype=bool)
+    keep[1:] = (v[1:] != v[:-1]) | (d[1:] != d[:-1])
+    return Ragged(v[keep], np.bincount(d[keep], minlength=n).astype(np.int64))
+
+
+def intersection_sizes(a: Ragged, b: Ragged) -> np.ndarray:
+    """|A_i & B_i| for every pair i of sets (each without repeats, as `shingle_sets` gives),
+    vectorized: all values sorted by (pair, value); a value present twice in one pair is shared."""
+    n = len(a.lengths)
+    if len(b.lengths) != n:
+        raise ValueError(f"{n} left sets but {len(b.lengths)} right sets")
+    values = np.concatenate([a.values, b.values])
+    pair = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), a.lengths),
+                           np.repeat(np.arange(n, dtype=np.int64), b.lengths)])
+    order = np.lexsort((values, pair))
+    v, p = values[order], pair[order]
+    shared = (v[1:] == v[:-1]) & (p[1:] == p[:-1])
+    return np.bincount(p[1:][shared], minlength=n).astype(np.int64)
+
+
+def jaccard(intersection: np.ndarray | int, size_a: np.ndarray | int, size_b: np.ndarray | int) -> np.ndarray:
+    """Exact Jaccard |A & B| / |A | B| from integer counts (two empty sets: 1.0). The one
+    definition used by the Spark verification, the local paths and the benchmark's ground truth."""
+    inter = np.asarray(intersection, dtype=np.int64)
+    union = np.asarray(size_a, dtype=np.int64) + np.asarray(size_b, dtype=np.int64) - inter
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+
+
 def exact_jaccard(a: set, b: set) -> float:
-    if not a and not b:
-        return 1.0
-    return len(a & b) / len(a | b)
+    """`jaccard` of two Python sets."""
+    return float(jaccard(len(a & b), len(a), len(b)))
 
 
 # ---- choosing bands and rows ---------------------------------------------------------------
@@ -326,6 +365,13 @@ def false_negative_area(threshold: float, bands: int, rows: int) -> float:
     from scipy.integrate import quad
 
     return quad(lambda s: 1 - (1 - (1 - s ** float(rows)) ** float(bands)), threshold, 1.0)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def lsh_bands_rows(threshold: float, num_perm: int, false_positive_weight: float = 0.05) -> tuple[int, int]:
+    """kaiyuan's choice of (bands, rows) for a Jaccard threshold: `optimal_bands_rows` weighted
+    towards recall (a missed pair is lost for good, a false candidate only costs a verification)."""
+    return optimal_bands_rows(threshold, num_perm, false_positive_weight, 1.0 - false_positive_weight)
 
 
 def optimal_bands_rows(threshold: float, num_perm: int, false_positive_weight: float = 0.5,

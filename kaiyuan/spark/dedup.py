@@ -3,16 +3,28 @@
 
 Steps (all in Spark; nothing proportional to the corpus is collected on the driver):
 1. signatures: one vectorized pass (`mapInArrow`) over every document computes its exact key
-   (`kaiyuan.exact`) and its band keys (`kaiyuan.minhash`).
-2. edges: documents sharing an exact key, or a band key in the same band, are joined to the
-   smallest node of that group (a star per bucket); optionally, near-duplicate edges whose
-   signature-estimated Jaccard is below `verify.threshold` are dropped.
-3. clusters: connected components of all edges (`kaiyuan.spark.connected`).
-4. representatives: one per cluster (`kaiyuan.representative`); survivors keep `dup_cluster`
+   (`kaiyuan.exact`) and its band keys (`kaiyuan.minhash`; bands and rows from `dedup.threshold`).
+2. exact edges: every document to the smallest node with the same exact key. Only that smallest
+   node of each exact group enters LSH (its copies follow it through the exact edge), so a
+   thousand copies of one licence cost one LSH entry, not half a million candidate pairs.
+3. candidate pairs from every LSH bucket (same band, same key): all pairs of a bucket of up to
+   `verify.all_pairs_max` documents; in a larger bucket each member and the next `verify.window`
+   members in the order of their band-key vectors (a sorted neighbourhood: documents equal in
+   more bands sit next to each other), `window` pairs per member instead of n^2 / 2.
+4. exact verification: the shingle-hash sets (`minhash.shingle_sets`) are recomputed for the
+   documents in candidate pairs only (a semi-join of their text), joined to both ends of each
+   pair, and `minhash.intersection_sizes` / `minhash.jaccard` keep the pairs with exact Jaccard
+   >= the threshold. With `verify.enabled: false` step 3 and 4 become one unverified edge per
+   bucket member to the bucket's smallest member (datatrove's and the LSH-only baseline).
+5. clusters: connected components of the exact and verified edges only (`kaiyuan.spark.connected`).
+6. representatives: one per cluster (`kaiyuan.representative`); survivors keep `dup_cluster`
    ("<source>/<id>" of the cluster's smallest member) and `dup_count` (documents it stands for:
    the sum of the members' earlier `dup_count`, or 1 each).
-5. per source: survivors are joined back to the documents and written as a component; removed
-   ids go to `_removed/` with their cluster and whether the match was exact or near.
+7. per source: survivors are joined back to the documents and written as a component; removed
+   ids go to `_removed/` with their cluster, `kind` (exact | near), and the edge that removed
+   them: `partner` ("<source>/<id>": the representative or the exact copy with the same
+   normalized text, else the verified neighbour of highest Jaccard) and `jaccard` (1.0 for exact
+   copies; null when verification is off).
 """
 
 from __future__ import annotations
@@ -20,11 +32,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from common import atomic
 from common.component import Component, ComponentManifest
 from common.document import spark_col
 from common.log import get_logger
 from common.manifest import Stopwatch, find_complete
+from kaiyuan import exact as ex
+from kaiyuan import minhash as mh
 from kaiyuan.config import RunConfig
 from kaiyuan.spark import components_io as cio
 from kaiyuan.spark.connected import star_components
@@ -38,22 +56,38 @@ NODE_SEP = "\x1f"
 def job_config(cfg: RunConfig) -> dict[str, Any]:
     d = cfg.dedup.model_dump(mode="json")
     d.pop("input_dir", None)
-    bands, rows, num_perm = cfg.dedup.minhash.resolved()
-    return {"job": JOB, "dedup": d, "resolved": {"bands": bands, "rows": rows, "num_perm": num_perm}}
+    bands, rows, num_perm = cfg.dedup.lsh()
+    return {"job": JOB, "dedup": d, "resolved": {"bands": bands, "rows": rows, "num_perm": num_perm,
+                                                 "verify_threshold": cfg.dedup.verify_threshold}}
 
+
+# ---- Arrow <-> Ragged ------------------------------------------------------------------------
+
+def ragged_of(lists: pa.Array | pa.ChunkedArray) -> mh.Ragged:
+    """An Arrow list<int64> column (nulls as empty lists) as a Ragged of uint64."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
+    return mh.Ragged(values, lengths)
+
+
+def list_array_of(values: np.ndarray, lengths: np.ndarray, null: Optional[np.ndarray] = None) -> pa.ListArray:
+    """Ragged uint64 values as an Arrow list<int64> column (`null`: rows to mark null)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ascontiguousarray(values).view(np.int64)),
+                                    mask=None if null is None else pa.array(null))
+
+
+# ---- the per-batch functions (pure; Spark runs them in mapInArrow) -------------------------
 
 def signature_fn(n_grams: int, shingles: str, bands: int, rows: int, num_perm: int, seed: int,
-                 exact: bool, near: bool, keep_sig: bool):
-    """The per-batch function of step 1: Arrow batch (source, id, text, ...) -> same columns
-    without text, plus exact_key, bands (null for documents without tokens) and optionally sig."""
+                 exact: bool, near: bool):
+    """Step 1: Arrow batch (source, id, text, ...) -> same columns without text, plus exact_key and
+    bands (null for documents without tokens)."""
 
     def run(batches):
-        import numpy as np
-        import pyarrow as pa
-
-        from kaiyuan import exact as ex
-        from kaiyuan import minhash as mh
-
         a, b = mh.permutations(num_perm, seed)
         for batch in batches:
             texts = batch.column("text")
@@ -65,34 +99,79 @@ def signature_fn(n_grams: int, shingles: str, bands: int, rows: int, num_perm: i
                 cols["exact_key"] = pa.nulls(n, pa.binary())
             if near:
                 sh = mh.document_shingles(texts, n_grams, shingles)
-                sig = mh.signatures(sh, a, b)
-                keys = mh.band_keys(sig, bands, rows)
+                keys = mh.band_keys(mh.signatures(sh, a, b), bands, rows)
                 has = sh.lengths > 0
-                offsets = np.zeros(n + 1, dtype=np.int32)
-                np.cumsum(np.where(has, bands, 0), out=offsets[1:])
-                cols["bands"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(keys[has].reshape(-1)),
-                                                         mask=pa.array(~has))
-                if keep_sig:
-                    k = sig.shape[1]
-                    sig_offsets = np.zeros(n + 1, dtype=np.int32)
-                    np.cumsum(np.where(has, k, 0), out=sig_offsets[1:])
-                    cols["sig"] = pa.ListArray.from_arrays(pa.array(sig_offsets), pa.array(sig[has].view(np.int64).reshape(-1)),
-                                                           mask=pa.array(~has))
+                cols["bands"] = list_array_of(keys[has].reshape(-1).view(np.uint64), np.where(has, bands, 0), ~has)
             else:
                 cols["bands"] = pa.nulls(n, pa.list_(pa.int64()))
-            if keep_sig and "sig" not in cols:
-                cols["sig"] = pa.nulls(n, pa.list_(pa.int64()))
             yield pa.RecordBatch.from_pydict(cols)
 
     return run
 
 
-def estimated_jaccard(sig_a, sig_b, num_perm: int):
-    """Column: fraction of equal MinHash values of two signature arrays (JVM-side, no Python)."""
+def shingle_set_fn(n_grams: int, shingles: str):
+    """Step 4: (node, text) -> (node, sh): each document's shingle-hash set, sorted."""
+
+    def run(batches):
+        for batch in batches:
+            sets = mh.shingle_sets(mh.document_shingles(batch.column("text"), n_grams, shingles))
+            yield pa.RecordBatch.from_pydict({"node": batch.column("node"),
+                                              "sh": list_array_of(sets.values, sets.lengths)})
+
+    return run
+
+
+def verify_fn(threshold: float):
+    """Step 4: (src, dst, sh_a, sh_b) -> (src, dst, jaccard) for the pairs with exact Jaccard >= threshold."""
+
+    def run(batches):
+        for batch in batches:
+            a, b = ragged_of(batch.column("sh_a")), ragged_of(batch.column("sh_b"))
+            j = mh.jaccard(mh.intersection_sizes(a, b), a.lengths, b.lengths)
+            keep = pa.array(j >= threshold)
+            yield pa.RecordBatch.from_pydict({"src": batch.column("src").filter(keep),
+                                              "dst": batch.column("dst").filter(keep),
+                                              "jaccard": pa.array(j).filter(keep)})
+
+    return run
+
+
+# ---- candidate pairs -----------------------------------------------------------------------
+
+def bucket_pairs(lsh_docs, scope: list[str], all_pairs_max: int, window: int):
+    """Step 3: distinct candidate pairs (src, dst), src > dst, from the LSH buckets of `lsh_docs`
+    (node, bands, scope columns): all pairs of small buckets, a sorted neighbourhood in big ones."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    equal = F.zip_with(sig_a, sig_b, lambda x, y: (x == y).cast("int"))
-    return F.aggregate(equal, F.lit(0), lambda acc, v: acc + v) / F.lit(float(num_perm))
+    bucket = [*scope, "band", "key"]
+    exploded = lsh_docs.select(*scope, "node", F.posexplode("bands").alias("band", "key"))
+    sized = (exploded.withColumn("_n", F.count("*").over(Window.partitionBy(*bucket))).where(F.col("_n") > 1)
+             .persist(StorageLevel.MEMORY_AND_DISK))
+    small = sized.where(F.col("_n") <= all_pairs_max).select(*bucket, "node")
+    pairs = (small.join(small.withColumnRenamed("node", "other"), bucket)
+             .where(F.col("node") > F.col("other")).select(F.col("node").alias("src"), F.col("other").alias("dst")))
+    big = (sized.where(F.col("_n") > all_pairs_max).select(*bucket, "node")
+           .join(lsh_docs.select("node", F.col("bands").alias("_order")), "node")
+           .withColumn("_rank", F.row_number().over(Window.partitionBy(*bucket).orderBy("_order", "node")))
+           .select(*bucket, "node", "_rank"))
+    ahead = big.select(*bucket, F.col("node").alias("a"),
+                       F.explode(F.sequence(F.col("_rank") + 1, F.col("_rank") + window)).alias("_rank"))
+    near_by = ahead.join(big.withColumnRenamed("node", "b"), [*bucket, "_rank"])
+    pairs = pairs.unionByName(near_by.select(F.greatest("a", "b").alias("src"), F.least("a", "b").alias("dst")))
+    return pairs.distinct(), sized
+
+
+def star_pairs(lsh_docs, scope: list[str]):
+    """Unverified edges: every bucket member to the bucket's smallest member (`verify.enabled: false`)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    exploded = lsh_docs.select(*scope, "node", F.posexplode("bands").alias("band", "key"))
+    wb = Window.partitionBy(*scope, "band", "key")
+    return (exploded.select(F.col("node").alias("src"), F.min("node").over(wb).alias("dst"))
+            .where(F.col("src") != F.col("dst")).distinct())
 
 
 def _representative_order(cfg: RunConfig):
@@ -139,15 +218,16 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     from pyspark.sql import functions as F
 
     d = cfg.dedup
-    bands, rows, num_perm = d.minhash.resolved()
+    bands, rows, num_perm = d.lsh()
+    threshold = d.verify_threshold
     stage = cfg.stage_dir("dedup")
     sw = Stopwatch()
     scope = ["source"] if d.scope == "source" else []
     rep = d.representative
     names = sorted(components)
-    log.info("dedup %s: exact=%s near=%s scope=%s, %d-gram %s shingles, %d bands x %d rows (threshold ~%.2f)",
+    log.info("dedup %s: exact=%s near=%s scope=%s, %d-gram %s shingles, %d bands x %d rows for J >= %.2f, verify=%s",
              ",".join(names), d.exact, d.near, d.scope, d.minhash.n_grams, d.minhash.shingles, bands, rows,
-             (1 / bands) ** (1 / rows))
+             d.threshold, f"exact J >= {threshold:.2f}" if d.verify.enabled else "off")
 
     # ---- 1. signatures ------------------------------------------------------------------------
     frames = []
@@ -163,58 +243,90 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     docs = frames[0]
     for f in frames[1:]:
         docs = docs.unionByName(f)
-    schema = ("source string, id string, _score double, _weight bigint, exact_key binary, bands array<bigint>"
-              + (", sig array<bigint>" if d.verify.enabled else ""))
-    keyed = (docs.mapInArrow(signature_fn(d.minhash.n_grams, d.minhash.shingles, bands, rows, num_perm, d.minhash.seed,
-                                          d.exact, d.near, d.verify.enabled), schema)
-             .withColumn("node", F.concat_ws(NODE_SEP, "source", "id"))
-             .persist(StorageLevel.MEMORY_AND_DISK))
+    schema = "source string, id string, _score double, _weight bigint, exact_key binary, bands array<bigint>"
+    keyed = docs.mapInArrow(signature_fn(d.minhash.n_grams, d.minhash.shingles, bands, rows, num_perm, d.minhash.seed,
+                                         d.exact, d.near), schema).withColumn("node", F.concat_ws(NODE_SEP, "source", "id"))
+    # 2. the smallest node with the same normalized text (the node itself without exact dedup)
+    exact_root = F.min("node").over(Window.partitionBy(*scope, "exact_key")) if d.exact else F.col("node")
+    keyed = keyed.withColumn("_exact_root", exact_root).persist(StorageLevel.MEMORY_AND_DISK)
     with sw("signatures"):
         n_docs = keyed.count()
     log.info("dedup: signatures of %d documents in %.1fs", n_docs, sw.timings_s["signatures"])
 
-    # ---- 2. edges -----------------------------------------------------------------------------
-    edge_frames = []
-    if d.exact:
-        w = Window.partitionBy(*scope, "exact_key")
-        edge_frames.append(keyed.select(F.col("node").alias("src"), F.min("node").over(w).alias("dst")))
+    # ---- 2.-4. edges --------------------------------------------------------------------------
+    edges = keyed.where(F.col("node") != F.col("_exact_root")).select(F.col("node").alias("src"), F.col("_exact_root").alias("dst"))
+    near = None
+    pair_counts: dict[str, int] = {}
+    cached = []
     if d.near:
-        exploded = keyed.where(F.col("bands").isNotNull()).select(*scope, "node", F.posexplode("bands").alias("band", "key"))
-        wb = Window.partitionBy(*scope, "band", "key")
-        near = exploded.select(F.col("node").alias("src"), F.min("node").over(wb).alias("dst")).where(F.col("src") != F.col("dst"))
+        lsh_docs = keyed.where(F.col("bands").isNotNull() & (F.col("node") == F.col("_exact_root"))).select(*scope, "node", "bands")
         if d.verify.enabled:
-            sigs = keyed.select("node", "sig")
-            near = (near.distinct()
-                    .join(sigs.withColumnRenamed("node", "src").withColumnRenamed("sig", "sig_a"), "src")
-                    .join(sigs.withColumnRenamed("node", "dst").withColumnRenamed("sig", "sig_b"), "dst")
-                    .where(estimated_jaccard(F.col("sig_a"), F.col("sig_b"), num_perm) >= d.verify.threshold)
-                    .select("src", "dst"))
-        edge_frames.append(near)
-    if not edge_frames:
+            pairs, sized = bucket_pairs(lsh_docs, scope, d.verify.all_pairs_max, d.verify.window)
+            pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
+            with sw("candidates"):
+                pair_counts["candidate_pairs"] = pairs.count()
+            sized.unpersist()
+            ends = pairs.select(F.col("src").alias("node")).unionByName(pairs.select(F.col("dst").alias("node"))).distinct()
+            texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
+            sets = texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
+            joined = (pairs.join(sets.select(F.col("node").alias("src"), F.col("sh").alias("sh_a")), "src")
+                      .join(sets.select(F.col("node").alias("dst"), F.col("sh").alias("sh_b")), "dst")
+                      .select("src", "dst", "sh_a", "sh_b"))
+            near = (joined.mapInArrow(verify_fn(threshold), "src string, dst string, jaccard double")
+                    .persist(StorageLevel.MEMORY_AND_DISK))
+            with sw("verify"):
+                pair_counts["verified_pairs"] = near.count()
+            pairs.unpersist()
+            log.info("dedup: %d candidate pairs, %d with exact Jaccard >= %.2f (%.1fs + %.1fs)",
+                     pair_counts["candidate_pairs"], pair_counts["verified_pairs"], threshold,
+                     sw.timings_s["candidates"], sw.timings_s["verify"])
+        else:
+            near = star_pairs(lsh_docs, scope).withColumn("jaccard", F.lit(None).cast("double"))
+            near = near.persist(StorageLevel.MEMORY_AND_DISK)
+            with sw("candidates"):
+                pair_counts["candidate_pairs"] = near.count()
+        cached.append(near)
+        edges = edges.unionByName(near.select("src", "dst"))
+    elif not d.exact:
         raise ValueError("dedup.exact and dedup.near are both false: nothing to do")
-    edges = edge_frames[0]
-    for e in edge_frames[1:]:
-        edges = edges.unionByName(e)
     with sw("clusters"):
-        labels, rounds = star_components(edges.where(F.col("src") != F.col("dst")), d.max_cc_rounds,
-                                         reliable_checkpoint=bool(cfg.spark.checkpoint_dir))
+        labels, rounds = star_components(edges, d.max_cc_rounds, reliable_checkpoint=bool(cfg.spark.checkpoint_dir))
     log.info("dedup: connected components in %d rounds, %.1fs", rounds, sw.timings_s["clusters"])
 
-    # ---- 3. representatives -------------------------------------------------------------------
+    # ---- 6. representatives -------------------------------------------------------------------
     with sw("representatives"):
         wc = Window.partitionBy("root")
-        assigned = (keyed.select("source", "id", "node", "exact_key", "_score", "_weight")
+        assigned = (keyed.select("source", "id", "node", "exact_key", "_exact_root", "_score", "_weight")
                     .join(labels, "node", "left")
-                    .withColumn("root", F.coalesce("root", "node"))
+                    .withColumn("root", F.coalesce("root", "node")))
+        if near is not None:
+            # each node's verified neighbour of highest Jaccard (ties: the smaller node)
+            both = near.select(F.col("src").alias("node"), F.col("dst").alias("_partner"), "jaccard").unionByName(
+                near.select(F.col("dst").alias("node"), F.col("src").alias("_partner"), "jaccard"))
+            best = (both.withColumn("_r", F.row_number().over(Window.partitionBy("node").orderBy(
+                F.col("jaccard").desc_nulls_last(), F.col("_partner").asc()))).where(F.col("_r") == 1).drop("_r"))
+            assigned = assigned.join(best, "node", "left")
+        else:
+            assigned = assigned.withColumn("_partner", F.lit(None).cast("string")).withColumn("jaccard", F.lit(None).cast("double"))
+        keep = F.col("_rank") == 1
+        same_text_as_rep = F.col("exact_key") == F.col("_rep_key")
+        copy = F.col("node") != F.col("_exact_root")
+        assigned = (assigned
                     .withColumn("_rank", F.row_number().over(wc.orderBy(*_representative_order(cfg))))
-                    .withColumn("keep", F.col("_rank") == 1)
+                    .withColumn("keep", keep)
                     .withColumn("dup_count", F.sum("_weight").over(wc))
                     .withColumn("_size", F.count("*").over(wc))
-                    .withColumn("_rep_key", F.max(F.when(F.col("keep"), F.col("exact_key"))).over(wc))
+                    .withColumn("_rep_key", F.max(F.when(keep, F.col("exact_key"))).over(wc))
+                    .withColumn("_rep_node", F.max(F.when(keep, F.col("node"))).over(wc))
                     .withColumn("kind", F.when(F.col("keep"), F.lit(None))
-                                .when(F.col("exact_key") == F.col("_rep_key"), F.lit("exact")).otherwise(F.lit("near")))
+                                .when(same_text_as_rep | copy, F.lit("exact")).otherwise(F.lit("near")))
+                    .withColumn("partner", F.regexp_replace(
+                        F.when(F.col("keep"), F.lit(None)).when(same_text_as_rep, F.col("_rep_node"))
+                        .when(copy, F.col("_exact_root")).otherwise(F.col("_partner")), NODE_SEP, "/"))
+                    .withColumn("jaccard", F.when(F.col("keep"), F.lit(None))
+                                .when(F.col("kind") == "exact", F.lit(1.0)).otherwise(F.col("jaccard")))
                     .withColumn("dup_cluster", F.regexp_replace("root", NODE_SEP, "/"))
-                    .select("source", "id", "keep", "kind", "dup_cluster", "dup_count", "_size")
+                    .select("source", "id", "keep", "kind", "partner", "jaccard", "dup_cluster", "dup_count", "_size")
                     .persist(StorageLevel.MEMORY_AND_DISK))
         stats = {r["source"]: r.asDict() for r in assigned.groupBy("source").agg(
             F.count("*").alias("docs_in"),
@@ -225,8 +337,10 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             F.max("_size").alias("largest_cluster"),
         ).collect()}
     keyed.unpersist()
+    for df in cached:
+        df.unpersist()
 
-    # ---- 4. write one component per source ----------------------------------------------------
+    # ---- 7. write one component per source ----------------------------------------------------
     out: dict[str, ComponentManifest] = {}
     for n in names:
         c = components[n]
@@ -243,7 +357,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             n_files = cio.n_files_for(sum(f.n_bytes for f in c.manifest.files), d.target_file_mb)
             cio.write_sorted_parquet(survivors, tmp, n_files, row_group_rows=cio.row_group_rows_for(
                 sum(f.n_bytes for f in c.manifest.files) * 3, c.manifest.n_docs))
-            removed = mine.where(~F.col("keep")).select("id", "dup_cluster", "kind")
+            removed = mine.where(~F.col("keep")).select("id", "dup_cluster", "kind", "partner", "jaccard")
             s = stats.get(n, {})
             outputs = []
             if s.get("docs_in", 0) - s.get("docs_out", 0) > 0:
@@ -252,6 +366,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
         counts = {k: int(s.get(k) or 0) for k in ("docs_in", "docs_out", "removed_exact", "removed_near", "clusters",
                                                   "largest_cluster")}
         counts["cc_rounds"] = rounds
+        counts.update(pair_counts)
         manifest = cio.finalize(tmp, final_dir, {
             "schema": ComponentManifest.SCHEMA, "job": JOB, "name": n, "config": config,
             "inputs": [cio.component_fingerprint(components[x]) for x in (names if d.scope == "global" else [n])],

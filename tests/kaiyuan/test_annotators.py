@@ -63,5 +63,5 @@ def test_default_annotators_and_threshold_config():
     types = [(a.type, getattr(a, "filter", None)) for a in ScoreConfig().annotators]
     assert types == [("lid", None), ("datatrove", "gopher_quality"), ("datatrove", "gopher_repetition"),
                      ("datatrove", "c4_quality"), ("datatrove", "fineweb_quality")]
-    assert MinHashConfig().resolved() == (14, 8, 112)
-    assert MinHashConfig(threshold=0.8, num_perm=128).resolved() == (9, 13, 128)     # datasketch picks the same
+    assert MinHashConfig(bands=14, rows=8).resolved(0.7) == (14, 8, 112)          # explicit bands x rows win
+    assert MinHashConfig(num_perm=128, false_positive_weight=0.5).resolved(0.8) == (9, 13, 128)   # datasketch picks the same
