@@ -1,8 +1,16 @@
 """common.sandbox: the verdicts a code benchmark and a code verifier rely on."""
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from common.sandbox import SandboxJob, SandboxLimits, network_namespace_prefix, run_many, run_python
+from common import sandbox
+from common.sandbox import (SandboxJob, SandboxLimits, isolation_status, network_namespace_prefix, run_many,
+                            run_python)
 
 FAST = SandboxLimits(timeout_s=5, memory_mb=512)
 
@@ -110,12 +118,197 @@ def test_extra_files_are_importable_and_cannot_escape():
         run_python("pass", files={"../evil.py": "x"}, limits=FAST)
 
 
-def test_sys_exit_zero_passes_nonzero_errors():
-    assert run_python("import sys\nsys.exit(0)\n", limits=FAST).status == "passed"
-    assert run_python("import sys\nsys.exit(3)\n", limits=FAST).status == "error"
+@pytest.mark.parametrize("exit_call", [
+    "exit()", "quit(0)", "raise SystemExit", "import sys\nsys.exit(0)", "import sys\nsys.exit(3)",
+    "import os\nos._exit(0)", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
+def test_exits_before_the_tests_end_fail(exit_call):
+    # the solution stops the run before its (failing) tests: it must not pass
+    v = run_python("def add(a, b):\n    return a - b\n" + exit_call + "\n", tests="assert add(2, 3) == 5", limits=FAST)
+    assert not v.passed and v.status in ("error", "oom"), v     # a SIGKILL reads as the kernel's OOM kill
+    assert "before the tests" in v.detail or "SIGKILL" in v.detail
+    # the same exits inside the tests fail too
+    v = run_python("def add(a, b):\n    return a + b\n", tests="assert add(2, 3) == 5\n" + exit_call + "\nassert add(1, 1) == 2",
+                   limits=FAST)
+    assert not v.passed and v.status in ("error", "oom"), v
+
+
+@pytest.mark.parametrize("patch", [
+    "import builtins\nbuiltins.exec = lambda *a, **k: None",
+    "import builtins\nbuiltins.compile = lambda *a, **k: compile('pass', 'x', 'exec')",
+    "import builtins\nbuiltins.open = lambda *a, **k: __import__('io').StringIO('')",
+    "__builtins__['abs'] = lambda x: 0",
+    "import builtins\nbuiltins.abs = lambda x: 0",
+    "import builtins\nbuiltins.AssertionError = KeyError",
+])
+def test_patched_builtins_do_not_make_tests_pass(patch):
+    v = run_python("def half(x):\n    return x\n" + patch + "\n", tests="assert abs(half(4) - 2) < 1e-9", limits=FAST)
+    assert v.status == "failed", v
 
 
 def test_run_many_keeps_order():
     jobs = [SandboxJob(code=f"x = {i}", tests=f"assert x == {i if i % 2 == 0 else -1}", limits=FAST) for i in range(4)]
     verdicts = run_many(jobs, max_workers=2)
     assert [v.status for v in verdicts] == ["passed", "failed", "passed", "failed"]
+
+
+# ---- the escapes of issue 21: each blocked by the namespaces alone and by the audit hook alone --------
+
+NS = pytest.mark.skipif(isolation_status()["mode"] != "namespaces",
+                        reason=f"no kernel namespaces here: {isolation_status()['reason']} (install bubblewrap)")
+LAYERS = [pytest.param(SandboxLimits(timeout_s=5, memory_mb=512), id="both-layers"),
+          pytest.param(SandboxLimits(timeout_s=5, memory_mb=512, audit_hook=False), id="namespaces-only", marks=NS)]
+
+
+def _strays(marker: str) -> list[int]:
+    """Host processes whose command line carries `marker`, after a short grace for the kernel to reap."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        found = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    if marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                        found.append(int(d))
+                except OSError:
+                    pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("limits", LAYERS)
+def test_files_outside_the_work_dir_cannot_be_written_or_deleted(limits, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    os.chmod(tmp_path, 0o777)
+    os.chmod(victim, 0o666)
+    target = tmp_path / "planted.txt"
+    for code in (f"open({str(target)!r}, 'w').write('x')", f"import os\nos.remove({str(victim)!r})",
+                 f"import shutil\nshutil.rmtree({str(tmp_path)!r})", f"open({str(victim)!r}, 'a').write('x')",
+                 "open('/usr/planted.txt', 'w').write('x')"):
+        v = run_python(code, limits=limits)
+        assert v.status == "error", (code, v)
+    assert victim.read_text() == "keep" and not target.exists() and not Path("/usr/planted.txt").exists()
+    # inside the work dir (and /tmp) writing is fine
+    assert run_python("open('scratch.txt', 'w').write('x')\nimport os\nos.remove('scratch.txt')", limits=limits).passed
+
+
+@pytest.mark.parametrize("limits", LAYERS)
+def test_the_callers_environment_cannot_be_read_through_proc(limits, monkeypatch):
+    monkeypatch.setenv("PUROKIT_SECRET", "s3cr3t-value")
+    code = (
+        "import os\n"
+        "seen = []\n"
+        f"for pid in {{os.getppid(), 1, {os.getpid()}, {os.getppid()}}}:\n"
+        "    try:\n"
+        "        seen.append(open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "    except OSError as e:\n"
+        "        print('refused', pid, e)\n"
+        "print(b's3cr3t' in b''.join(seen))\n"
+        "assert b's3cr3t' not in b''.join(seen)\n"
+    )
+    v = run_python(code, limits=limits)
+    assert "s3cr3t" not in v.stdout_tail + v.stderr_tail
+    assert v.status == "passed", v
+
+
+@pytest.mark.parametrize("limits", LAYERS)
+def test_ctypes_system_and_fork_do_not_escape(limits, tmp_path):
+    os.chmod(tmp_path, 0o777)
+    planted = tmp_path / "by-system.txt"
+    v = run_python(f"import ctypes\nctypes.CDLL(None).system(b'touch {planted}')", limits=limits)
+    assert not planted.exists(), v
+    code = ("import ctypes, os\n"
+            "libc = ctypes.CDLL(None)\n"
+            "if libc.fork() == 0:\n"
+            "    libc.execv(b'/bin/sleep', (ctypes.c_char_p * 3)(b'sleep', b'97.31', None))\n"
+            "    os._exit(0)\n")
+    v = run_python(code, limits=limits)
+    if limits.audit_hook:
+        assert v.status == "error" and "not allowed" in v.stderr_tail, v
+    assert _strays("97.31") == []
+
+
+@pytest.mark.parametrize("limits", LAYERS)
+def test_spawnv_passfds_does_not_escape(limits):
+    code = ("import multiprocessing.util as u\n"
+            "u.spawnv_passfds('/bin/sleep', ['sleep', '97.32'], ())\n")
+    v = run_python(code, limits=limits)
+    if limits.audit_hook:
+        assert v.status == "error" and "not allowed" in v.stderr_tail, v
+    assert _strays("97.32") == []
+
+
+@NS
+def test_a_fork_bomb_hits_the_process_limit():
+    code = ("import os, time\n"
+            "n = 0\n"
+            "for _ in range(30):\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(30)\n"
+            "        os._exit(0)\n"
+            "    n += 1\n"
+            "print('forked', n)\n")
+    v = run_python(code, limits=SandboxLimits(timeout_s=5, memory_mb=512, allow_subprocess=True, max_processes=16))
+    assert v.status == "error" and "Resource temporarily unavailable" in v.stderr_tail, v
+    assert "forked 30" not in v.stdout_tail
+    v = run_python(code, limits=FAST)     # the audit hook refuses the first fork
+    assert v.status == "error" and "not allowed" in v.stderr_tail
+
+
+@NS
+def test_no_child_outlives_the_verdict():
+    code = ("import subprocess, os\n"
+            "subprocess.Popen(['sleep', '97.33'], start_new_session=True)\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    os.execv('/bin/sleep', ['sleep', '97.34'])\n")
+    v = run_python(code, tests="assert True", limits=SandboxLimits(timeout_s=5, memory_mb=512, allow_subprocess=True))
+    assert v.passed, v
+    assert v.duration_s < 4          # the verdict did not wait for the children either
+    assert _strays("97.33") == [] and _strays("97.34") == []
+
+
+@NS
+def test_proc_shows_only_the_sandbox_and_the_root_is_read_only():
+    code = ("import os\n"
+            "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "assert len(pids) <= 3, pids\n"
+            "assert not os.path.exists(os.path.expanduser('~root/.bashrc')) or os.getuid() != 0\n"
+            "for d in ('/usr', '/etc', '/'):\n"
+            "    try:\n"
+            "        open(os.path.join(d, 'x'), 'w')\n"
+            "    except OSError:\n"
+            "        continue\n"
+            "    raise SystemError(d + ' is writable')\n")
+    v = run_python(code, limits=SandboxLimits(timeout_s=5, memory_mb=512, audit_hook=False))
+    assert v.passed, v
+    assert v.isolation == "namespaces" and v.network_isolated
+
+
+@pytest.mark.parametrize("hook", [True, pytest.param(False, marks=NS)])
+def test_killing_the_caller_does_not_reach_it(hook):
+    # run in a helper process, so that a failure kills the helper, not the test session
+    code = (f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}):\n"
+            "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(e)\n")
+    helper = ("import sys\nfrom common.sandbox import SandboxLimits, run_python\n"
+              f"v = run_python({code!r}, limits=SandboxLimits(timeout_s=5, memory_mb=512, audit_hook={hook}))\n"
+              "print('helper alive', v.status)\n")
+    r = subprocess.run([sys.executable, "-c", helper], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0 and "helper alive" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+def test_fallback_without_namespaces_is_loud_and_the_hook_still_holds(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "_namespaces_problem", lambda python: "bwrap missing (simulated)")
+    sandbox._warn_fallback.cache_clear()
+    with pytest.warns(sandbox.SandboxIsolationWarning, match="simulated"):
+        v = run_python("x = 1", tests="assert x == 1", limits=FAST)
+    assert v.passed and v.isolation in ("network", "none")
+    assert isolation_status()["reason"] == "bwrap missing (simulated)"
+    target = tmp_path / "planted.txt"
+    v = run_python(f"open({str(target)!r}, 'w').write('x')", limits=FAST)
+    assert v.status == "error" and not target.exists()
+    assert run_python("exit()", tests="assert False", limits=FAST).status == "error"
+    with pytest.raises(sandbox.SandboxUnavailable, match="simulated"):
+        run_python("pass", limits=SandboxLimits(require_namespaces=True))
