@@ -19,6 +19,7 @@ from synth import rl
 from synth.checkpool import CheckTimeout
 from synth.decontam import clean_records, removal_summary
 from synth.pipeline import Candidate, PostStep, Row, Step, derive_seed, register_post_step, register_step, render
+from synth.toolcalls import parse_json_object
 from synth.verify import ANSWER_EXTRACTORS, ANSWER_KEYS, get_verifier, majority_answer, parse_reasoning
 
 try:                                   # the verifier module's full check, where it has one
@@ -287,6 +288,92 @@ async def judge_candidates(step: Step, row: Row, cands: list[Candidate], spec: J
         return parse_judge_verdict(res.content)
 
     return list(await asyncio.gather(*(one(c) for c in cands)))
+
+
+# ---- rubric and pass/fail judges (domain generators) --------------------------------------------
+
+SCORE_SCHEMA = {"type": "object", "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5},
+                                                 "reason": {"type": "string"}}, "required": ["score"]}
+VERDICT_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["PASS", "FAIL"]},
+                                                   "reason": {"type": "string"}}, "required": ["verdict"]}
+_SCORE_RE = re.compile(r"score\W{0,4}(\d+(?:\.\d+)?)", re.IGNORECASE)
+_VERDICT_RE = re.compile(r"\b(PASS|FAIL)\b")
+
+
+def _json_reply(text: str) -> Any:
+    try:
+        return json.loads(text.strip().strip("`").removeprefix("json").strip())
+    except (json.JSONDecodeError, ValueError):
+        return None
+
+
+def parse_score(text: str, lo: float = 1, hi: float = 5) -> float | None:
+    """A 1-5 score from `{"score": 4}`, `Score: 4` or a reply that is just a number; None otherwise."""
+    obj = _json_reply(text)
+    if isinstance(obj, dict) and isinstance(obj.get("score"), (int, float)) and not isinstance(obj["score"], bool):
+        v = float(obj["score"])
+        return v if lo <= v <= hi else None
+    m = _SCORE_RE.search(text) or re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*", text)
+    if m:
+        v = float(m.group(1))
+        return v if lo <= v <= hi else None
+    return None
+
+
+def parse_pass_fail(text: str) -> bool | None:
+    """PASS/FAIL (the last one stated), or JSON {"verdict": "pass"|true}; None when neither."""
+    obj = _json_reply(text)
+    if isinstance(obj, dict):
+        v = obj.get("verdict")
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.upper() in ("PASS", "FAIL"):
+            return v.upper() == "PASS"
+    found = _VERDICT_RE.findall(text.upper())
+    return (found[-1] == "PASS") if found else None
+
+
+def reply_reason(text: str) -> str:
+    """The `reason` of a JSON judge reply (else the reply's start)."""
+    try:
+        return str(parse_json_object(text).get("reason", ""))[:200]
+    except ValueError:
+        return text.strip()[:200]
+
+
+class RubricCfg(_Cfg):
+    """One LLM critic: a named rubric scored 1-5, passing at `min_score`."""
+
+    name: str
+    description: str
+    min_score: float = 4
+
+
+class JudgeParams(_Cfg):
+    teacher: str = "judge"
+    params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 128})
+    constrained: bool = True       # ask for JSON-schema constrained output where the server supports it
+
+
+async def score_rubric(step: Step, row: Row, judge: JudgeParams, rubric: RubricCfg, prompt: str, *key: Any
+                       ) -> dict[str, Any]:
+    """Ask the judge for one rubric; returns {name, score, pass, reason} (unparseable -> fail)."""
+    res = await step.ask(row, judge.teacher, [{"role": "user", "content": prompt}], rubric.name, *key,
+                         params=judge.params, json_schema=SCORE_SCHEMA if judge.constrained else None)
+    score = parse_score(res.content)
+    obj = _json_reply(res.content)
+    reason = (str(obj.get("reason", "")) if isinstance(obj, dict) else "") if obj is not None else res.content.strip()[:200]
+    return {"name": rubric.name, "score": score, "pass": score is not None and score >= rubric.min_score,
+            "reason": reason if score is not None else f"unparseable judge reply: {res.content.strip()[:120]!r}"}
+
+
+async def judge_pass_fail(step: Step, row: Row, judge: JudgeParams, prompt: str, *key: Any) -> tuple[bool | None, str]:
+    """Ask the judge for PASS/FAIL; (verdict or None when unparseable, its reason)."""
+    res = await step.ask(row, judge.teacher, [{"role": "user", "content": prompt}], *key, params=judge.params,
+                         json_schema=VERDICT_SCHEMA if judge.constrained else None)
+    verdict = parse_pass_fail(res.content)
+    return verdict, (reply_reason(res.content) if verdict is not None
+                     else f"unparseable judge reply: {res.content.strip()[:120]!r}")
 
 
 @register_step("verify")

@@ -12,7 +12,7 @@ import importlib
 GENERATOR_MODULES = {
     "text_to_sql": "synth.domains.text_to_sql",
     "tool_use": "synth.domains.tool_use",
-    "tool_use_conversational": "synth.domains.tool_use",
+    "tool_use_conversational": "synth.domains.customer_service",
     "code_concepts": "synth.domains.code_concepts",
     "finance": "synth.domains.finance",
     "mcq": "synth.domains.mcq",

@@ -34,9 +34,11 @@ from common.hashing import stable_id
 from common.sandbox import SandboxLimits
 from synth.decontam import EvalIndex
 from synth.domains import code_validate as cv
-from synth.domains.glue import StepCfg, add_candidate, ask, build_record, render, request_seed
+from common.config import StrictModel
 from synth.domains.seeds import load_concepts
-from synth.pipeline import PostStep, Row, Step, register_post_step, register_source, register_step
+from synth.checkpool import CheckTimeout
+from synth.pipeline import Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
+from synth.verify import Outcome, register_verifier
 from common.records import SynthRecord, Verification
 
 MAX_CONCEPTS = 4          # §2.3.2: each call combines up to 4 concepts
@@ -96,8 +98,9 @@ SOLUTION_PROMPT = """Solve this Python problem. Write a complete, self-contained
 Answer with one ```python block containing the whole function."""
 
 
+@register_step("code_problems")
 class CodeProblems(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "problem_teacher"
         template: str = PROBLEM_PROMPT
         n: int = Field(default=5, ge=1, le=MAX_PROBLEMS)
@@ -110,28 +113,25 @@ class CodeProblems(Step):
         reqs = [([{"role": "user", "content": render(self.cfg.template, dict(row.fields, concepts_text=concepts_text,
                                                                              problem_idx=i + 1, n_problems=self.cfg.n))}],
                  ("problem", i)) for i in range(self.cfg.n)]
-        results = await asyncio.gather(*(ask(self, row, self.cfg.teacher, m, *k, params=self.cfg.params) for m, k in reqs))
-        kept = 0
-        for i, res in enumerate(results):
-            c = add_candidate(self, row, "problem", res.content, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "problem", i), problem_idx=i)
-            why = "truncated at max_tokens" if res.finish_reason == "length" else None
-            if why is None:
-                try:
-                    p = cv.parse_problem(res.content)
-                    why = cv.title_problem(p.title, self.cfg.title_min_words, self.cfg.title_max_words)
-                    c.parsed["problem"] = p.to_dict()
-                except ValueError as e:
-                    why = str(e)
-            if why:
-                self.reject(row, c, why)
-            else:
-                kept += 1
-        self.count(row, len(results), kept)
+        results = await asyncio.gather(*(self.ask(row, self.cfg.teacher, m, *k, params=self.cfg.params) for m, k in reqs))
+        cands = [self.add_candidate(row, "problem", res.content, self.cfg.teacher, self.cfg.params, res,
+                                    self.request_seed(row, "problem", i), problem_idx=i) for i, res in enumerate(results)]
+        await self.keep(row, cands, self.parse)
+
+    def parse(self, c: Candidate) -> str | None:
+        if c.result is not None and c.result.finish_reason == "length":
+            return "truncated at max_tokens"
+        try:
+            p = cv.parse_problem(c.text)
+        except ValueError as e:
+            return str(e)
+        c.parsed["problem"] = p.to_dict()
+        return cv.title_problem(p.title, self.cfg.title_min_words, self.cfg.title_max_words)
 
 
+@register_step("code_solutions")
 class CodeSolutions(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "solution_teacher"
         template: str = SOLUTION_PROMPT
         n: int = Field(default=5, ge=1, le=MAX_SOLUTIONS)
@@ -145,53 +145,60 @@ class CodeSolutions(Step):
             prob = p.parsed["problem"]
             msgs = [{"role": "user", "content": render(self.cfg.template, dict(row.fields, max_lines=self.cfg.max_lines, **prob))}]
             jobs += [(p, j, msgs) for j in range(self.cfg.n)]
-        results = await asyncio.gather(*(ask(self, row, self.cfg.teacher, msgs, "solution", p.index, j, params=self.cfg.params)
+        results = await asyncio.gather(*(self.ask(row, self.cfg.teacher, msgs, "solution", p.index, j, params=self.cfg.params)
                                          for p, j, msgs in jobs))
-        kept = 0
-        for (p, j, _), res in zip(jobs, results):
-            c = add_candidate(self, row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "solution", p.index, j), problem_cand=p.index, solution_idx=j)
-            try:
-                if res.finish_reason == "length":
-                    raise ValueError("truncated at max_tokens")
-                problem = cv.Problem(**p.parsed["problem"])
-                spliced = cv.splice_solution(problem, res.content)
-                c.parsed.update(solution_code=spliced.solution_part, final_code=spliced.final_code,
-                                n_lines=spliced.n_lines, dropped=spliced.dropped)
-                kept += 1
-            except ValueError as e:
-                self.reject(row, c, str(e))
-        self.count(row, len(jobs), kept)
+        cands = [self.add_candidate(row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
+                                    self.request_seed(row, "solution", p.index, j), problem_cand=p.index, solution_idx=j)
+                 for (p, j, _), res in zip(jobs, results)]
+        problems = {p.index: cv.Problem(**p.parsed["problem"]) for p in problems}
+        await self.keep(row, cands, lambda c: self.splice(c, problems[c.parsed["problem_cand"]]))
+
+    @staticmethod
+    def splice(c: Candidate, problem: cv.Problem) -> str | None:
+        if c.result is not None and c.result.finish_reason == "length":
+            return "truncated at max_tokens"
+        try:
+            spliced = cv.splice_solution(problem, c.text)
+        except ValueError as e:
+            return str(e)
+        c.parsed.update(solution_code=spliced.solution_part, final_code=spliced.final_code,
+                        n_lines=spliced.n_lines, dropped=spliced.dropped)
+        return None
 
 
+def check_code(problem: cv.Problem, spliced: cv.Spliced, max_lines: int, run_tests: bool,
+               limits: SandboxLimits) -> cv.CodeVerdict:
+    """`code_validate.check_solution` (run in the check pool)."""
+    return cv.check_solution(problem, spliced, max_lines=max_lines, run_tests=run_tests, limits=limits)
+
+
+@register_step("code_check")
 class CodeCheck(Step):
-    """ast + imports + line cap + sandboxed tests (run in worker threads: each is a subprocess)."""
+    """ast + imports + line cap + sandboxed tests, in the check pool (the sandbox's own limits,
+    plus the pool's time limit around the whole check)."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         max_lines: int = cv.MAX_SOLUTION_LINES
         run_tests: bool = True
         timeout_s: float = 5.0
         memory_mb: int = 512
 
     async def apply(self, row: Row) -> None:
-        alive = self.alive(row, "solution")
         probs = {c.index: cv.Problem(**c.parsed["problem"]) for c in row.candidates.get("problem", []) if "problem" in c.parsed}
         limits = SandboxLimits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb)
 
-        def check(c: Any) -> cv.CodeVerdict:
+        async def verdict(c: Candidate) -> str | None:
             spliced = cv.Spliced(c.parsed["solution_code"], c.parsed["final_code"], c.parsed["n_lines"])
-            return cv.check_solution(probs[c.parsed["problem_cand"]], spliced, max_lines=self.cfg.max_lines,
-                                     run_tests=self.cfg.run_tests, limits=limits)
-
-        verdicts = await asyncio.gather(*(asyncio.to_thread(check, c) for c in alive))
-        kept = 0
-        for c, v in zip(alive, verdicts):
+            try:
+                v = await self.check(check_code, probs[c.parsed["problem_cand"]], spliced, self.cfg.max_lines,
+                                     self.cfg.run_tests, limits, timeout_s=self.cfg.timeout_s + 30)
+            except CheckTimeout as e:
+                c.parsed["sandbox_status"] = "timeout"
+                return f"timeout: {e}"
             c.parsed["sandbox_status"] = (v.sandbox or {}).get("status")
-            if v.ok:
-                kept += 1
-            else:
-                self.reject(row, c, v.reason)
-        self.count(row, len(alive), kept)
+            return None if v.ok else v.reason
+
+        await self.keep(row, "solution", verdict)
 
 
 def load_benchmark_items(humaneval: bool, files: list[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -209,8 +216,9 @@ def load_benchmark_items(humaneval: bool, files: list[str]) -> list[tuple[str, d
     return out
 
 
+@register_step("code_decontam")
 class CodeDecontam(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         humaneval: bool = True
         files: list[str] = Field(default_factory=list)
         n: int = 13
@@ -230,30 +238,24 @@ class CodeDecontam(Step):
 
     async def apply(self, row: Row) -> None:
         bodies, idx = self._index()
-        alive = self.alive(row, "solution")
         probs = {c.index: c.parsed["problem"] for c in row.candidates.get("problem", []) if "problem" in c.parsed}
-        kept = 0
-        for c in alive:
+
+        def contaminated(c: Candidate) -> str | None:
             prob = probs[c.parsed["problem_cand"]]
-            why = None
             if cv.exact_match_benchmark(c.parsed["final_code"], prob["func_name"], bodies):
-                why = "solution body equals a benchmark solution"
-            else:
-                hit = idx.find(prob["problem_text"])
-                if hit is not None:
-                    why = f"problem shares a {self.cfg.n}-gram with {hit[0]} {hit[1]}: '{hit[2]}'"
-            if why:
-                self.reject(row, c, why)
-            else:
-                kept += 1
-        self.count(row, len(alive), kept)
+                return "solution body equals a benchmark solution"
+            hit = idx.find(prob["problem_text"])
+            return None if hit is None else f"problem shares a {self.cfg.n}-gram with {hit[0]} {hit[1]}: '{hit[2]}'"
+
+        await self.keep(row, "solution", contaminated)
 
 
 USER_TEMPLATE = "Complete this Python function.\n\n```python\n{problem_text}```"
 
 
+@register_step("format_code")
 class FormatCode(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         user_template: str = USER_TEMPLATE
 
     async def apply(self, row: Row) -> None:
@@ -276,8 +278,8 @@ class FormatCode(Step):
                                         detail=f"tests {c.parsed.get('sandbox_status')}" if prob["tests"] else "no tests")
             msgs = [{"role": "user", "content": render(self.cfg.user_template, prob)},
                     {"role": "assistant", "content": f"```python\n{c.parsed['final_code']}```"}]
-            row.records.append(build_record(self, row, ("solution", pc.parsed["problem_idx"], c.parsed["solution_idx"]), msgs,
-                                            teacher=c.teacher, verification=verification, meta=meta, category="code"))
+            self.record(row, ("solution", pc.parsed["problem_idx"], c.parsed["solution_idx"]), msgs,
+                                            teacher=c.teacher, verification=verification, meta=meta, category="code")
         self.count(row, len(alive), len(alive))
 
 
@@ -285,7 +287,7 @@ class FormatCode(Step):
 class CodeTitleDedup(PostStep):
     """Keep the first problem of each normalized title (Nemotron 3 §2.3.3), in output order."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         pass
 
     def apply(self, records: list[SynthRecord]) -> tuple[list[SynthRecord], list[dict[str, Any]]]:
@@ -304,6 +306,15 @@ class CodeTitleDedup(PostStep):
         return kept, removed
 
 
-for _kind, _cls in (("code_problems", CodeProblems), ("code_solutions", CodeSolutions), ("code_check", CodeCheck),
-                    ("code_decontam", CodeDecontam), ("format_code", FormatCode)):
-    register_step(_kind)(_cls)
+@register_verifier("code")
+def verify_code(response: str, reference: Any, row: dict[str, Any]) -> Outcome:
+    """A code sample is right when its solution, spliced into the row's problem (`problem`: a
+    `code_validate.Problem` as a dict; `reference` unused), passes the problem's tests in the
+    sandbox, so code prompts can feed `pass_rate`."""
+    problem = cv.Problem(**row["problem"])
+    try:
+        spliced = cv.splice_solution(problem, response)
+    except ValueError as e:
+        return Outcome(False, 0.0, str(e), None)
+    v = cv.check_solution(problem, spliced)
+    return Outcome(v.ok, float(v.ok), "" if v.ok else v.reason, spliced.solution_part)

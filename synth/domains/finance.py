@@ -30,13 +30,15 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
+from common.config import StrictModel
 from common.errors import ContractError
 from common.hashing import stable_id
-from synth.domains import finance_validate as fv
-from synth.domains.glue import JudgeParams, StepCfg, add_candidate, ask, build_record, render, request_seed
-from synth.domains.seeds import load_companies, load_finance_templates, read_seed_file, resolve_seed_path
-from synth.pipeline import PostStep, Row, Step, register_post_step, register_source, register_step
 from common.records import SynthRecord, Verification
+from synth.checkpool import CheckTimeout
+from synth.domains import finance_validate as fv
+from synth.domains.seeds import load_companies, load_finance_templates, read_seed_file, resolve_seed_path
+from synth.pipeline import Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
+from synth.steps import JudgeParams
 
 MAX_PARAPHRASES = 3          # §3.1.1: up to 3 distinct phrasings per combination
 N_CANDIDATES = 5             # GenSelect over 5 candidates from different seeds
@@ -95,11 +97,17 @@ def _fields(row: Row, **extra: Any) -> dict[str, Any]:
 
 # ---- steps -----------------------------------------------------------------------------------------
 
+def check_arithmetic(answer: str, context_md: str, rel_tol: float) -> fv.ArithmeticCheck:
+    """`finance_validate.check_arithmetic` (run in the check pool: `9**9**9` must not stall the run)."""
+    return fv.check_arithmetic(answer, context_md, rel_tol=rel_tol)
+
+
+@register_step("finance_context")
 class FinanceContext(Step):
     """Attach the context documents (one per company, for the instance's latest fiscal year),
     each capped to its share of `max_context_tokens`; drop the instance when one is missing."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         contexts: str = "finance_contexts_example.yaml"
         max_context_tokens: int = 6000
 
@@ -171,8 +179,9 @@ Can the question be answered completely and substantively from these excerpts, a
 _NUMBERED_RE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s*(.+?)\s*$")
 
 
+@register_step("finance_paraphrase")
 class FinanceParaphrase(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "writer"
         template: str = PARAPHRASE_PROMPT
         n: int = Field(default=3, ge=1, le=MAX_PARAPHRASES)
@@ -182,33 +191,36 @@ class FinanceParaphrase(Step):
         companies = {t: fv.Company(t, n, row.fields["gics_sub_industry"]) for t, n in zip(row.fields["tickers"], row.fields["company_names"])}
         fields = _fields(row, n=self.cfg.n, company_list=", ".join(row.fields["company_names"]),
                          year_list=", ".join(map(str, row.fields["fiscal_years"])))
-        res = await ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
+        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
                         "paraphrase", params=self.cfg.params)
         inst = fv.Instance(**{k: row.fields[k] for k in ("template_id", "kind", "tickers", "gics_sub_industry",
                                                          "fiscal_years", "question", "numeric", "sections")})
         lines = [m.group(1).strip().strip('"') for line in res.content.splitlines() if (m := _NUMBERED_RE.match(line))]
         if not lines:
-            c = add_candidate(self, row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "paraphrase"), paraphrase_idx=-1)
+            c = self.add_candidate(row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
+                              self.request_seed(row, "paraphrase"), paraphrase_idx=-1)
             self.reject(row, c, "no numbered paraphrase lines in the reply")
             self.count(row, 1, 0)
             return
+        cands = [self.add_candidate(row, "question", text, self.cfg.teacher, self.cfg.params, res,
+                                    self.request_seed(row, "paraphrase"), paraphrase_idx=i)
+                 for i, text in enumerate(lines[: self.cfg.n])]
         kept: list[str] = []
-        for i, text in enumerate(lines[: self.cfg.n]):
-            problems = fv.paraphrase_problems(text, inst, companies, earlier=kept)
-            c = add_candidate(self, row, "question", text, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "paraphrase"), paraphrase_idx=i)
-            if problems:
-                self.reject(row, c, "; ".join(problems))
-            else:
-                kept.append(text)
-        self.count(row, len(lines[: self.cfg.n]), len(kept))
+
+        def distinct(c: Candidate) -> str | None:       # in order: each is compared with the ones kept before it
+            problems = fv.paraphrase_problems(c.text, inst, companies, earlier=kept)
+            if not problems:
+                kept.append(c.text)
+            return "; ".join(problems) or None
+
+        await self.keep(row, cands, distinct)
 
 
+@register_step("finance_answers")
 class FinanceAnswers(Step):
     """5 candidates per question, each from its own seed."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "answerer"
         template: str = ANSWER_PROMPT
         n: int = Field(default=N_CANDIDATES, ge=2)
@@ -219,13 +231,13 @@ class FinanceAnswers(Step):
         calc = CALC_INSTRUCTION if row.fields.get("numeric") else ""
         jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
         results = await asyncio.gather(*(
-            ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
+            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
                 row, question=q.text, calc_instruction=calc))}], "answer", q.index, j, params=self.cfg.params)
             for q, j in jobs))
         kept = 0
         for (q, j), res in zip(jobs, results):
-            c = add_candidate(self, row, "answer", res.content, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "answer", q.index, j), question=q.index, candidate_idx=j,
+            c = self.add_candidate(row, "answer", res.content, self.cfg.teacher, self.cfg.params, res,
+                              self.request_seed(row, "answer", q.index, j), question=q.index, candidate_idx=j,
                               final_answer=fv.parse_final_answer(res.content))
             why = "truncated at max_tokens" if res.finish_reason == "length" else (
                 None if c.parsed["final_answer"] else "no 'Answer:' line")
@@ -237,8 +249,9 @@ class FinanceAnswers(Step):
         self.count(row, len(jobs), kept)
 
 
+@register_step("finance_arithmetic")
 class FinanceArithmetic(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         rel_tol: float = 5e-3
         prefer_verified: bool = True
         require_verified: bool = False
@@ -253,10 +266,14 @@ class FinanceArithmetic(Step):
                     c.parsed["arithmetic"] = {"status": "not_checked"}
                     continue
                 if row.fields.get("numeric"):
-                    chk = fv.check_arithmetic(c.text, row.fields["context_md"], rel_tol=self.cfg.rel_tol)
-                    c.parsed["arithmetic"] = chk.to_dict()
+                    try:
+                        chk = await self.check(check_arithmetic, c.text, row.fields["context_md"], self.cfg.rel_tol)
+                        c.parsed["arithmetic"] = chk.to_dict()
+                    except CheckTimeout as e:
+                        chk = None
+                        c.parsed["arithmetic"] = {"status": "timeout", "detail": str(e)}
                     n_checked += 1
-                    n_verified += chk.verified
+                    n_verified += bool(chk and chk.verified)
                 else:
                     c.parsed["arithmetic"] = {"status": "not_numeric"}
             formatted = [c for c in cands if not c.parsed.get("format_problem")]
@@ -272,60 +289,59 @@ class FinanceArithmetic(Step):
         self.count(row, n_checked, n_verified)
 
 
+@register_step("finance_genselect")
 class FinanceGenSelect(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         judge: JudgeParams = Field(default_factory=lambda: JudgeParams(teacher="judge", constrained=False,
                                                                        params={"temperature": 0.0, "max_tokens": 400}))
         template: str = SELECT_PROMPT
 
     async def apply(self, row: Row) -> None:
-        questions = self.alive(row, "question")
         answers = row.candidates.get("answer", [])
-        kept = 0
-        for q in questions:
+
+        async def select(q: Candidate) -> str | None:
             cands = {c.parsed["candidate_idx"]: c for c in answers if c.parsed["question"] == q.index}
             listing = "\n\n".join(f"Candidate {i}:\n{cands[i].text.strip()}" for i in q.parsed["eligible"])
-            res = await ask(self, row, self.cfg.judge.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
+            res = await self.ask(row, self.cfg.judge.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
                 row, question=q.text, candidates=listing))}], "select", q.index, params=self.cfg.judge.params)
             try:
                 idx = fv.parse_selection(res.content, q.parsed["eligible"])
             except ValueError as e:
-                self.reject(row, q, f"GenSelect: {e}")
-                continue
+                return f"GenSelect: {e}"
             q.parsed.update(selected_idx=idx, judge_rationale=res.content.strip()[-600:],
                             judge_model=self.env.backend(self.cfg.judge.teacher).cfg.model)
-            kept += 1
-        self.count(row, len(questions), kept)
+            return None
+
+        await self.keep(row, "question", select)
 
 
+@register_step("finance_answerable")
 class FinanceAnswerable(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "classifier"
         template: str = ANSWERABLE_PROMPT
         params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 8})
 
     async def apply(self, row: Row) -> None:
-        questions = self.alive(row, "question")
         answers = row.candidates.get("answer", [])
-        kept = 0
-        for q in questions:
+
+        async def answerable(q: Candidate) -> str | None:
             sel = next(c for c in answers if c.parsed["question"] == q.index and c.parsed["candidate_idx"] == q.parsed["selected_idx"])
-            res = await ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
+            res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
                 row, question=q.text, answer=sel.text.strip()))}], "answerable", q.index, params=self.cfg.params)
             try:
                 label = fv.parse_answerability(res.content)
             except ValueError as e:
                 label = f"unparseable ({e})"
             q.parsed["answerability"] = label
-            if label == "ANSWERABLE":
-                kept += 1
-            else:
-                self.reject(row, q, f"answerability: {label}")
-        self.count(row, len(questions), kept)
+            return None if label == "ANSWERABLE" else f"answerability: {label}"
+
+        await self.keep(row, "question", answerable)
 
 
+@register_step("format_finance")
 class FormatFinance(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         user_template: str = "{context_md}\n{question}"
 
     async def apply(self, row: Row) -> None:
@@ -356,8 +372,8 @@ class FormatFinance(Step):
                                         detail=f"arithmetic {arith.get('status')}")
             msgs = [{"role": "user", "content": render(self.cfg.user_template, _fields(row, question=q.text))},
                     {"role": "assistant", "content": sel.text.strip()}]
-            row.records.append(build_record(self, row, ("finance", q.index), msgs, teacher=sel.teacher,
-                                            verification=verification, meta=meta, category="finance"))
+            self.record(row, ("finance", q.index), msgs, teacher=sel.teacher,
+                                            verification=verification, meta=meta, category="finance")
         self.count(row, len(questions), len(questions))
 
 
@@ -366,7 +382,7 @@ class FinanceOutliers(PostStep):
     """Drop records whose answer length lies outside the [lo, hi] percentile band (skipped below
     `min_items` records, where percentiles say nothing)."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         feature: str = "answer_n_tokens"
         lo_pct: float = 1.0
         hi_pct: float = 99.0
@@ -382,7 +398,7 @@ class FinanceOutliers(PostStep):
 
 @register_post_step("finance_dedup")
 class FinanceDedup(PostStep):
-    class Config(StepCfg):
+    class Config(StrictModel):
         near_threshold: float = 0.8
 
     def apply(self, records: list[SynthRecord]) -> tuple[list[SynthRecord], list[dict[str, Any]]]:
@@ -390,10 +406,3 @@ class FinanceDedup(PostStep):
         self.summary = {"removed": len(removed)}
         return kept, [{"id": r.id, "prompt_id": r.prompt_id, "step": self.name, "reason": why.replace(" ", "_"),
                        "question": r.meta["question"]} for r, why in removed]
-
-
-for _kind, _cls in (("finance_context", FinanceContext), ("finance_paraphrase", FinanceParaphrase),
-                    ("finance_answers", FinanceAnswers), ("finance_arithmetic", FinanceArithmetic),
-                    ("finance_genselect", FinanceGenSelect), ("finance_answerable", FinanceAnswerable),
-                    ("format_finance", FormatFinance)):
-    register_step(_kind)(_cls)

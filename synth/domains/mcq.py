@@ -18,9 +18,9 @@ from typing import Any, Iterator
 from pydantic import Field
 
 from synth.domains import mcq_validate as mv
-from synth.domains.glue import StepCfg, add_candidate, ask, build_record, render, request_seed
+from common.config import StrictModel
 from synth.domains.seeds import load_mcq_seeds
-from synth.pipeline import Row, Step, register_source, register_step
+from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
 from common.records import Verification
 
 
@@ -51,8 +51,9 @@ SOLVE_PROMPT = """Answer this multiple-choice question. First explain the knowle
 {question}"""
 
 
+@register_step("mcq_generate")
 class McqGenerate(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "generator"
         template: str = GENERATE_PROMPT
         n: int = Field(default=3, ge=1)
@@ -60,29 +61,30 @@ class McqGenerate(Step):
 
     async def apply(self, row: Row) -> None:
         results = await asyncio.gather(*(
-            ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, dict(row.fields, variant=i + 1))}],
+            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, dict(row.fields, variant=i + 1))}],
                 "question", i, params=self.cfg.params) for i in range(self.cfg.n)))
-        kept = 0
-        for i, res in enumerate(results):
-            c = add_candidate(self, row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "question", i), variant=i)
-            try:
-                mcq = mv.parse_mcq(res.content)
-                problems = mv.mcq_problems(mcq, row.fields["n_options"], row.fields["seed_question"])
-            except ValueError as e:
-                problems = [str(e)]
-            if problems:
-                self.reject(row, c, "; ".join(problems))
-            else:
-                c.parsed["mcq"] = mcq.to_dict()
-                kept += 1
-        self.count(row, len(results), kept)
+        cands = [self.add_candidate(row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
+                                    self.request_seed(row, "question", i), variant=i) for i, res in enumerate(results)]
+        await self.keep(row, cands, lambda c: self.parse(c, row))
+
+    @staticmethod
+    def parse(c: Candidate, row: Row) -> str | None:
+        try:
+            mcq = mv.parse_mcq(c.text)
+            problems = mv.mcq_problems(mcq, row.fields["n_options"], row.fields["seed_question"])
+        except ValueError as e:
+            problems = [str(e)]
+        if problems:
+            return "; ".join(problems)
+        c.parsed["mcq"] = mcq.to_dict()
+        return None
 
 
+@register_step("mcq_solve")
 class McqSolve(Step):
     """N solutions per question; keep the traces agreeing with a strict majority (and the key)."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "solver"
         template: str = SOLVE_PROMPT
         n: int = Field(default=4, ge=3)
@@ -93,7 +95,7 @@ class McqSolve(Step):
         questions = self.alive(row, "question")
         jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
         results = await asyncio.gather(*(
-            ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, {
+            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, {
                 "question": mv.Mcq(**q.parsed["mcq"]).render()})}], "solve", q.index, j, params=self.cfg.params)
             for q, j in jobs))
         by_q: dict[int, list[Any]] = {}
@@ -102,8 +104,8 @@ class McqSolve(Step):
             choice = mv.parse_choice(res.content, list(mcq.options))
             if res.finish_reason == "length":
                 choice = None
-            c = add_candidate(self, row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
-                              request_seed(self, row, "solve", q.index, j), question=q.index, sample=j, choice=choice)
+            c = self.add_candidate(row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
+                              self.request_seed(row, "solve", q.index, j), question=q.index, sample=j, choice=choice)
             by_q.setdefault(q.index, []).append(c)
         n_kept_q = 0
         for q in questions:
@@ -129,8 +131,9 @@ class McqSolve(Step):
         self.count(row, len(questions), n_kept_q)
 
 
+@register_step("format_mcq")
 class FormatMcq(Step):
-    class Config(StepCfg):
+    class Config(StrictModel):
         max_traces_per_question: int | None = None
 
     async def apply(self, row: Row) -> None:
@@ -152,11 +155,7 @@ class FormatMcq(Step):
             verification = Verification(method="majority_vote", verdict=True, score=q.parsed["vote_share"],
                                         rule="strict majority" + (" = key" if mcq.answer == q.parsed["majority"] else ""))
             msgs = [{"role": "user", "content": mcq.render()}, {"role": "assistant", "content": c.text.strip()}]
-            row.records.append(build_record(self, row, ("mcq", q.index, c.parsed["sample"]), msgs, teacher=c.teacher,
-                                            verification=verification, meta=meta, category="mcq"))
+            self.record(row, ("mcq", q.index, c.parsed["sample"]), msgs, teacher=c.teacher,
+                                            verification=verification, meta=meta, category="mcq")
             n_out += 1
         self.count(row, len(alive), n_out)
-
-
-for _kind, _cls in (("mcq_generate", McqGenerate), ("mcq_solve", McqSolve), ("format_mcq", FormatMcq)):
-    register_step(_kind)(_cls)

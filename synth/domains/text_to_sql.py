@@ -24,6 +24,7 @@ Each stage counts what it kept, so the run manifest shows the acceptance of ever
 from __future__ import annotations
 
 import abc
+import functools
 import os
 import random
 import re
@@ -32,12 +33,16 @@ from typing import Any, Iterator
 from pydantic import Field
 from sqlglot.errors import OptimizeError, ParseError, TokenError
 
+from common.config import StrictModel
 from common.hashing import stable_id
-from synth.domains import sql_validate as sv
-from synth.domains.glue import JudgeParams, RubricCfg, StepCfg, add_candidate, ask, build_record, render, request_seed, score_rubric
-from synth.domains.seeds import load_sql_taxonomy
-from synth.pipeline import Row, Step, register_source, register_step
 from common.records import Verification
+from synth.checkpool import CheckTimeout
+from synth.domains import sql_validate as sv
+from synth.domains.postgres_execute import execute_in_postgres
+from synth.domains.seeds import load_sql_taxonomy
+from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
+from synth.steps import JudgeParams, RubricCfg, score_rubric
+from synth.verify import Outcome, register_verifier
 
 DIALECT_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MySQL"}
 
@@ -183,10 +188,11 @@ DEFAULT_RUBRICS = [
 ]
 
 
+@register_step("sql_schema")
 class SqlSchema(Step):
     """The teacher writes DDL and sample rows; keep them if they parse and load."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "teacher"
         template: str = SCHEMA_PROMPT
         params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 1500})
@@ -196,13 +202,15 @@ class SqlSchema(Step):
     async def apply(self, row: Row) -> None:
         fields = dict(row.fields, min_tables=self.cfg.min_tables, max_tables=self.cfg.max_tables)
         msgs = [{"role": "user", "content": render(self.cfg.template, fields)}]
-        res = await ask(self, row, self.cfg.teacher, msgs, "schema", params=self.cfg.params)
-        c = add_candidate(self, row, "schema", res.content, self.cfg.teacher, self.cfg.params, res,
-                          request_seed(self, row, "schema"))
-        dialect = row.fields["dialect"]
+        res = await self.ask(row, self.cfg.teacher, msgs, "schema", params=self.cfg.params)
+        c = self.add_candidate(row, "schema", res.content, self.cfg.teacher, self.cfg.params, res,
+                          self.request_seed(row, "schema"))
+        await self.keep(row, [c], lambda c: self.usable(c, row.fields["dialect"]))
+
+    def usable(self, c: Candidate, dialect: str) -> str | None:
         why = None
         try:
-            ddl, rows_sql = parse_schema_answer(res.content, dialect)
+            ddl, rows_sql = parse_schema_answer(c.text, dialect)
             tables = sv.schema_tables(ddl, dialect)
             if len(tables) < self.cfg.min_tables:
                 why = f"{len(tables)} tables, need at least {self.cfg.min_tables}"
@@ -211,17 +219,16 @@ class SqlSchema(Step):
                 c.parsed.update(ddl=ddl, rows_sql=rows_sql, tables=[t.name for t in tables])
         except (ValueError, ParseError, TokenError) as e:
             why = f"schema or rows unusable: {str(e)[:300]}"
-        if res.finish_reason == "length":
+        if c.result is not None and c.result.finish_reason == "length":
             why = "truncated at max_tokens"
-        if why:
-            self.reject(row, c, why)
-        self.count(row, 1, 0 if why else 1)
+        return why
 
 
+@register_step("sql_task")
 class SqlTask(Step):
     """The teacher writes the request and the gold query for the surviving schema."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         teacher: str = "teacher"
         template: str = TASK_PROMPT
         params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 700})
@@ -233,52 +240,53 @@ class SqlTask(Step):
             return
         s = schemas[0]
         fields = dict(row.fields, schema_ddl=s.parsed["ddl"].strip(), rows_sql=s.parsed["rows_sql"].strip())
-        res = await ask(self, row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
+        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
                         "task", params=self.cfg.params)
-        c = add_candidate(self, row, "task", res.content, self.cfg.teacher, self.cfg.params, res,
-                          request_seed(self, row, "task"), ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"],
+        c = self.add_candidate(row, "task", res.content, self.cfg.teacher, self.cfg.params, res,
+                          self.request_seed(row, "task"), ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"],
                           schema_teacher=s.teacher, checks=[])
+        await self.keep(row, [c], self.parse)
+
+    @staticmethod
+    def parse(c: Candidate) -> str | None:
         try:
-            c.parsed["request"], c.parsed["sql"] = parse_task_answer(res.content)
-            self.count(row, 1, 1)
+            c.parsed["request"], c.parsed["sql"] = parse_task_answer(c.text)
         except ValueError as e:
-            self.reject(row, c, str(e))
-            self.count(row, 1, 0)
+            return str(e)
+        return None
 
 
 class _SqlCheck(Step):
     """Base of the programmatic checks: one check per step, on the alive `task` candidates."""
 
     @abc.abstractmethod
-    def check(self, row: Row, c: Any) -> sv.Check:
+    async def verdict(self, row: Row, c: Candidate) -> sv.Check:
         """The verdict of this stage on one sample."""
 
     async def apply(self, row: Row) -> None:
-        alive = self.alive(row, "task")
-        kept = 0
-        for c in alive:
-            chk = self.check(row, c)
+        async def passes(c: Candidate) -> str | None:
+            chk = await self.verdict(row, c)
             c.parsed["checks"].append(chk.to_dict())
-            if chk.ok:
-                kept += 1
-            else:
-                self.reject(row, c, chk.detail)
-        self.count(row, len(alive), kept)
+            return None if chk.ok else chk.detail
+
+        await self.keep(row, "task", passes)
 
 
+@register_step("sql_syntax")
 class SqlSyntax(_SqlCheck):
-    class Config(StepCfg):
+    class Config(StrictModel):
         pass
 
-    def check(self, row: Row, c: Any) -> sv.Check:
+    async def verdict(self, row: Row, c: Candidate) -> sv.Check:
         return sv.check_query_syntax(c.parsed["sql"], row.fields["dialect"])
 
 
+@register_step("sql_resolve")
 class SqlResolve(_SqlCheck):
-    class Config(StepCfg):
+    class Config(StrictModel):
         pass
 
-    def check(self, row: Row, c: Any) -> sv.Check:
+    async def verdict(self, row: Row, c: Candidate) -> sv.Check:
         dialect = row.fields["dialect"]
         try:
             tables = sv.schema_tables(c.parsed["ddl"], dialect)
@@ -288,18 +296,19 @@ class SqlResolve(_SqlCheck):
         return sv.Check("resolution", True)
 
 
+@register_step("sql_distractors")
 class SqlDistractors(_SqlCheck):
     """Inject distractor tables/columns (seeded per row) and prove the gold query ignores them."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         n_tables: int = 2
         n_columns: int = 2
         pool_tables: list[dict[str, Any]] = Field(default_factory=list)
         pool_columns: list[dict[str, str]] = Field(default_factory=list)
 
-    def check(self, row: Row, c: Any) -> sv.Check:
+    async def verdict(self, row: Row, c: Candidate) -> sv.Check:
         dialect = row.fields["dialect"]
-        rng = random.Random(request_seed(self, row, "distractors"))
+        rng = random.Random(self.request_seed(row, "distractors"))
         tables = sv.schema_tables(c.parsed["ddl"], dialect)
         d_tables, d_cols = sv.propose_distractors(tables, rng, self.cfg.n_tables, self.cfg.n_columns,
                                                   self.cfg.pool_tables, self.cfg.pool_columns)
@@ -315,10 +324,36 @@ class SqlDistractors(_SqlCheck):
         return sv.Check("distractors", True, f"{len(d_tables)} tables and {len(d_cols)} columns injected, none referenced")
 
 
+def _on_postgres(query: str, ddl: str, rows_sql: str, dialect: str, *, dsn: str, min_rows: int,
+                 timeout_s: float) -> sv.ExecutionResult:
+    return execute_in_postgres(query, ddl, rows_sql, dsn, min_rows=min_rows, timeout_s=timeout_s)
+
+
+def execute_sample(dialect: str, parsed: dict[str, Any], min_rows: int, timeout_s: float, unsupported: str,
+                   postgres_dsn: str | None) -> tuple[sv.Check, dict[str, Any] | None]:
+    """(execution check, execution result) of a sample's gold query (run in the check pool; a
+    PostgreSQL sample runs on the server at `postgres_dsn` when one is given)."""
+    executor = None
+    if dialect == "postgres" and postgres_dsn:
+        executor = functools.partial(_on_postgres, dsn=postgres_dsn, min_rows=min_rows, timeout_s=timeout_s)
+    verdict = sv.validate_sql_sample(
+        dialect=dialect, ddl=parsed["ddl"], rows_sql=parsed["rows_sql"], query=parsed["sql"],
+        visible_ddl=parsed["visible_ddl"], distractor_tables=parsed["distractor_tables"],
+        distractor_columns=[sv.DistractorColumn(**d) for d in parsed["distractor_columns"]],
+        min_rows=min_rows, timeout_s=timeout_s, unsupported=unsupported, executor=executor)
+    execution = verdict.execution.to_dict() if verdict.execution else None
+    ran = next((ch for ch in verdict.checks if ch.name == "execution"), None)
+    if ran is None:        # an earlier check failed inside the full validation: report it
+        first = verdict.first_failure
+        return sv.Check("execution", False, f"{first.name}: {first.detail}" if first else "not executed"), execution
+    return ran, execution
+
+
+@register_step("sql_execute")
 class SqlExecute(_SqlCheck):
     """Run the gold query on the schema without distractors (a second proof that it ignores them)."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         min_rows: int = 1
         timeout_s: float = 5.0
         unsupported: str = "reject"          # reject | accept: a query SQLite cannot judge
@@ -326,51 +361,42 @@ class SqlExecute(_SqlCheck):
         # server; when it is not, they are transpiled to SQLite (the record's execution says which)
         postgres_dsn_env: str | None = "SYNTH_PG_DSN"
 
-    def check(self, row: Row, c: Any) -> sv.Check:
-        dialect = row.fields["dialect"]
-        executor = None
-        if dialect == "postgres" and self.cfg.postgres_dsn_env and os.environ.get(self.cfg.postgres_dsn_env):
-            from synth.domains.postgres_execute import executor_from_env
-            executor = executor_from_env(self.cfg.postgres_dsn_env, min_rows=self.cfg.min_rows, timeout_s=self.cfg.timeout_s)
-        verdict = sv.validate_sql_sample(
-            dialect=dialect, ddl=c.parsed["ddl"], rows_sql=c.parsed["rows_sql"], query=c.parsed["sql"],
-            visible_ddl=c.parsed["visible_ddl"], distractor_tables=c.parsed["distractor_tables"],
-            distractor_columns=[sv.DistractorColumn(**d) for d in c.parsed["distractor_columns"]],
-            min_rows=self.cfg.min_rows, timeout_s=self.cfg.timeout_s, unsupported=self.cfg.unsupported, executor=executor)
-        execution = verdict.execution
-        c.parsed["execution"] = execution.to_dict() if execution else None
-        ran = next((ch for ch in verdict.checks if ch.name == "execution"), None)
-        if ran is None:        # an earlier check failed inside the full validation: report it
-            first = verdict.first_failure
-            return sv.Check("execution", False, f"{first.name}: {first.detail}" if first else "not executed")
-        return ran
+    async def verdict(self, row: Row, c: Candidate) -> sv.Check:
+        try:
+            chk, c.parsed["execution"] = await self.check(
+                execute_sample, row.fields["dialect"], c.parsed, self.cfg.min_rows, self.cfg.timeout_s,
+                self.cfg.unsupported, os.environ.get(self.cfg.postgres_dsn_env) if self.cfg.postgres_dsn_env else None,
+                timeout_s=self.cfg.timeout_s + 30)
+        except CheckTimeout as e:
+            c.parsed["execution"] = {"status": "timeout", "error": str(e)}
+            return sv.Check("execution", False, f"timeout: {e}")
+        return chk
 
 
+@register_step("sql_critic")
 class SqlCritic(Step):
     """One LLM critic rubric over the surviving samples (Nemotron 3: five LLM-as-a-critic judges)."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         rubric: RubricCfg
         judge: JudgeParams = Field(default_factory=JudgeParams)
         template: str = CRITIC_PROMPT
 
     async def apply(self, row: Row) -> None:
-        alive = self.alive(row, "task")
-        kept = 0
-        for c in alive:
-            ex = c.parsed.get("execution") or {}
-            fields = dict(row.fields, visible_ddl=c.parsed["visible_ddl"].strip(), request=c.parsed["request"],
-                          sql=c.parsed["sql"], n_rows=ex.get("n_rows", 0), rows_preview=ex.get("rows_preview", [])[:3],
-                          rubric_name=self.cfg.rubric.name,
-                          rubric_description=render(self.cfg.rubric.description, row.fields))
-            verdict = await score_rubric(self, row, self.cfg.judge, self.cfg.rubric, render(self.cfg.template, fields), c.index)
-            c.parsed.setdefault("critics", []).append(verdict)
-            if verdict["pass"]:
-                kept += 1
-            else:
-                self.reject(row, c, f"critic {self.cfg.rubric.name}: score {verdict['score']} < {self.cfg.rubric.min_score}"
-                            if verdict["score"] is not None else f"critic {self.cfg.rubric.name}: {verdict['reason']}")
-        self.count(row, len(alive), kept)
+        await self.keep(row, "task", lambda c: self.critique(row, c))
+
+    async def critique(self, row: Row, c: Candidate) -> str | None:
+        ex = c.parsed.get("execution") or {}
+        fields = dict(row.fields, visible_ddl=c.parsed["visible_ddl"].strip(), request=c.parsed["request"],
+                      sql=c.parsed["sql"], n_rows=ex.get("n_rows", 0), rows_preview=ex.get("rows_preview", [])[:3],
+                      rubric_name=self.cfg.rubric.name,
+                      rubric_description=render(self.cfg.rubric.description, row.fields))
+        verdict = await score_rubric(self, row, self.cfg.judge, self.cfg.rubric, render(self.cfg.template, fields), c.index)
+        c.parsed.setdefault("critics", []).append(verdict)
+        if verdict["pass"]:
+            return None
+        return (f"critic {self.cfg.rubric.name}: score {verdict['score']} < {self.cfg.rubric.min_score}"
+                if verdict["score"] is not None else f"critic {self.cfg.rubric.name}: {verdict['reason']}")
 
 
 USER_TEMPLATE = """Database ({dialect_name}):
@@ -381,10 +407,11 @@ USER_TEMPLATE = """Database ({dialect_name}):
 {request}"""
 
 
+@register_step("format_sql")
 class FormatSql(Step):
     """One SFT record per surviving sample: the schema context and request -> the gold query."""
 
-    class Config(StepCfg):
+    class Config(StrictModel):
         user_template: str = USER_TEMPLATE
 
     async def apply(self, row: Row) -> None:
@@ -409,22 +436,29 @@ class FormatSql(Step):
                                         score=min(scores) if scores else None,
                                         rule=f"syntax,resolution,distractors,execution,{len(critics)} critics",
                                         detail=f"{(c.parsed.get('execution') or {}).get('n_rows', 0)} rows")
-            row.records.append(build_record(self, row, ("sql", c.index), [
+            self.record(row, ("sql", c.index), [
                 {"role": "user", "content": user}, {"role": "assistant", "content": assistant}],
-                teacher=c.teacher, verification=verification, meta=meta, category="text_to_sql"))
+                teacher=c.teacher, verification=verification, meta=meta, category="text_to_sql")
         self.count(row, len(alive), len(alive))
 
-
-register_step("sql_schema")(SqlSchema)
-register_step("sql_task")(SqlTask)
-register_step("sql_syntax")(SqlSyntax)
-register_step("sql_resolve")(SqlResolve)
-register_step("sql_distractors")(SqlDistractors)
-register_step("sql_execute")(SqlExecute)
-register_step("sql_critic")(SqlCritic)
-register_step("format_sql")(FormatSql)
 
 
 def default_critic_steps() -> list[dict[str, Any]]:
     """The five critic stages as YAML step entries (what `text_to_sql.yaml` lists)."""
     return [{"kind": "sql_critic", "name": f"critic:{r.name}", "rubric": r.model_dump()} for r in DEFAULT_RUBRICS]
+
+
+@register_verifier("sql")
+def verify_sql(response: str, reference: Any, row: dict[str, Any]) -> Outcome:
+    """An SQL sample is right when its query (the last ```sql block, else the whole reply) returns
+    the same result set as the reference query on the row's schema and rows (`ddl`, `rows_sql`,
+    `dialect`), so text-to-SQL prompts can feed `pass_rate`."""
+    blocks = sql_blocks(response)
+    query = (blocks[-1] if blocks else response).strip()
+    dialect = row.get("dialect", "sqlite")
+    got = sv.execute_in_sqlite(query, row["ddl"], row["rows_sql"], dialect, min_rows=0)
+    if not got.ok and got.status != "empty":
+        return Outcome(False, 0.0, f"query {got.status}: {got.error}"[:300], query)
+    want = sv.execute_in_sqlite(str(reference), row["ddl"], row["rows_sql"], dialect, min_rows=0)
+    ok = got.result_sha256 == want.result_sha256 and want.status in ("ok", "empty")
+    return Outcome(ok, float(ok), "" if ok else f"result differs from the reference ({got.n_rows} vs {want.n_rows} rows)", query)
