@@ -73,11 +73,13 @@ def _inspect(argv: list[str]) -> int:
     ap.add_argument("--plots", default=None, help="directory for PNG plots")
     ap.add_argument("--verify", action="store_true", help="re-hash every file")
     args = ap.parse_args(argv)
-    lines, plots = inspect_sets(args.path, args.plots, verify=args.verify)
+    lines, plots, failures = inspect_sets(args.path, args.plots, verify=args.verify)
     print("\n".join(lines))
     for p in plots:
         print(f"plot: {p}")
-    return 0
+    for f in failures:
+        print(f"error: {f}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def _train_tokenizer(argv: list[str]) -> int:

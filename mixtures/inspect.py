@@ -11,22 +11,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common.errors import ContractError
 from common.manifest import MANIFEST_NAME
-from mixtures.shards import ShardManifest
+from mixtures.shards import ShardManifest, ShardSet
 
 
 def find_sets(path: str | os.PathLike) -> dict[str, Path]:
-    """The shard set at `path`, or every shard set directly under it, by name."""
+    """The shard set at `path`, or every directory directly under it with a manifest, by name
+    (an unreadable manifest is not skipped: `inspect_sets` reports it)."""
     p = Path(path)
     if (p / MANIFEST_NAME).is_file():
         return {p.name: p}
     out = {}
     for d in sorted(p.iterdir()) if p.is_dir() else []:
         if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST_NAME).is_file():
-            try:
-                ShardManifest.read(d)
-            except ValueError:
-                continue
             out[d.name] = d
     return out
 
@@ -121,17 +119,22 @@ def plot_rank_profiles(manifests: dict[str, ShardManifest], path: Path) -> Path:
 
 
 def inspect_sets(path: str | os.PathLike, plots_dir: str | os.PathLike | None = None,
-                 verify: bool = False) -> tuple[list[str], list[Path]]:
-    """Lines to print and plot files written, for every set at/under `path`."""
-    from mixtures.shards import ShardSet
-
+                 verify: bool = False) -> tuple[list[str], list[Path], list[str]]:
+    """Lines to print, plot files written, and the errors of the sets that could not be read (or,
+    with `verify`, whose files do not match their hashes), for every set at/under `path`."""
     sets = find_sets(path)
     if not sets:
         raise FileNotFoundError(f"no shard set at or under {path}")
     manifests = {}
     lines: list[str] = []
+    failures: list[str] = []
     for name, d in sets.items():
-        m = ShardSet.open(d, verify_hashes=verify).manifest
+        try:
+            m = ShardSet.open(d, verify_hashes=verify).manifest
+        except ContractError as e:
+            failures.append(f"{name}: {e}")
+            lines.append(f"{name}: UNREADABLE: {e}")
+            continue
         manifests[name] = m
         lines.extend(describe(name, m))
         if verify:
@@ -145,4 +148,4 @@ def inspect_sets(path: str | os.PathLike, plots_dir: str | os.PathLike | None = 
         ranked = {n: m for n, m in manifests.items() if any(s.mean_rank is not None for s in m.segments)}
         if ranked:
             plots.append(plot_rank_profiles(ranked, out / "rank_profiles.png"))
-    return lines, plots
+    return lines, plots, failures

@@ -20,6 +20,18 @@ The manifest is a *content* manifest: the same spec, inputs and seeds give byte-
 manifests (Puro testable behaviour 8), so it records no wall-clock time; timings and the engine
 that wrote the set go to `run.json` beside it.
 
+Integrity on the default read path (no full re-hash needed):
+- the manifest carries `manifest_digest`, the sha256 of its own other fields: a hand-edited
+  `seq_len` or shard list is refused on open;
+- every `BLOCK_BYTES` (1 MiB) of a token file has an xxh3-64 checksum, stored in the metadata of
+  the shard's index (key `purokit.block_xxh3`; the index itself is covered by its sha256 in the
+  manifest). `ShardSet.read` verifies each block the first time it touches it, and checks its
+  token ids against the vocabulary, so a flipped bit is named by file and byte offset before a
+  single corrupted token reaches the trainer;
+- `verify()` (`inspect --verify`) re-hashes every byte with sha256.
+Sets written before block checksums (no `block_bytes` on their shards, no `manifest_digest`) are
+still read: with a warning, their token ids checked against the vocabulary only.
+
 One writer (`ShardFileWriter` + `write_manifest`), one reader (`ShardSet.open`; the training
 iterator on top of it lives in `mixtures.reader`).
 """
@@ -29,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +50,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 from pydantic import BaseModel, ConfigDict
 
 from common import atomic
@@ -49,6 +63,8 @@ TOKENS_SUFFIX = ".bin"
 INDEX_SUFFIX = ".idx.parquet"
 MASK_SUFFIX = ".mask"
 RUN_RECORD_NAME = "run.json"
+BLOCK_BYTES = 1 << 20                       # token bytes per block checksum
+BLOCKS_KEY = b"purokit.block_xxh3"          # index metadata: little-endian uint64 xxh3-64 per block, hex
 
 INDEX_SCHEMA = pa.schema([
     ("token_start", pa.int64()),     # offset of the document's first token inside this shard
@@ -141,6 +157,7 @@ class ShardFile(BaseModel):
     index_sha256: str
     mask_sha256: str | None = None
     n_loss_tokens: int | None = None
+    block_bytes: int | None = None             # checksum block size of the token file; None: written without
     tokens_by_component: dict[str, int] = {}
     rank_token_sum_by_component: dict[str, float] = {}   # sum over docs of rank * n_tokens
 
@@ -206,10 +223,31 @@ class ShardManifest(RunManifest):
     spec_hash: str | None = None
     components: list[ComponentUse] = []
     extra: dict[str, Any] = {}     # e.g. the transition window: {"transition": {...}}
+    manifest_digest: str = ""      # sha256 of every other field, set on write, checked on read
 
     @property
     def token_dtype(self) -> np.dtype:
         return dtype_from_name(self.dtype)
+
+    def compute_digest(self) -> str:
+        body = {k: v for k, v in super().to_json_dict().items() if k != "manifest_digest"}
+        return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {**super().to_json_dict(), "manifest_digest": self.compute_digest()}
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "ShardManifest":
+        """Read, validate, and check the manifest against its own digest (a hand-edited field is
+        refused: the set would be read with other parameters than it was written with)."""
+        manifest = super().read(path)
+        mpath = Path(path) / MANIFEST_NAME if Path(path).is_dir() else Path(path)
+        if manifest.manifest_digest and manifest.manifest_digest != manifest.compute_digest():
+            raise ShardError(mpath, f"does not match its own digest (manifest_digest "
+                                    f"{manifest.manifest_digest[:12]}…, content {manifest.compute_digest()[:12]}…): "
+                                    "the file was edited or damaged after it was written; re-materialize the set",
+                             field="manifest_digest")
+        return manifest
 
     @property
     def set_digest(self) -> str:
@@ -294,6 +332,24 @@ class ShardFileWriter:
         self._hash = hashlib.sha256()
         self._mfh = open(self._tmp_mask, "wb") if self.with_mask else None
         self._mhash = hashlib.sha256() if self.with_mask else None
+        self._blocks: list[int] = []
+        self._block_hash = xxhash.xxh3_64()
+        self._block_fill = 0
+
+    def _write_tokens(self, data: bytes) -> None:
+        """Write token bytes, feeding the sha256 of the file and the checksum of every block."""
+        self._fh.write(data)
+        self._hash.update(data)
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), BLOCK_BYTES - self._block_fill)
+            self._block_hash.update(view[:take])
+            self._block_fill += take
+            view = view[take:]
+            if self._block_fill == BLOCK_BYTES:
+                self._blocks.append(self._block_hash.intdigest())
+                self._block_hash.reset()
+                self._block_fill = 0
 
     def add(self, tokens: np.ndarray | Sequence[int], doc_id: str, component: str = "", bucket: int = -1,
             rank: float = math.nan, copy: int = 0, loss_mask: np.ndarray | Sequence[int] | None = None) -> None:
@@ -308,9 +364,7 @@ class ShardFileWriter:
                 raise ValueError(f"document {doc_id!r} has token id {hi if hi > self._max_id else lo} outside "
                                  f"[0, {self._max_id}] for dtype {dtype_name(self.dtype)}")
             arr = arr.astype(self.dtype)
-        data = arr.tobytes()
-        self._fh.write(data)
-        self._hash.update(data)
+        self._write_tokens(arr.tobytes())
         if self.with_mask:
             if loss_mask is None:
                 raise ValueError(f"shard {self.name} stores a loss mask; document {doc_id!r} has none")
@@ -354,9 +408,7 @@ class ShardFileWriter:
             if flat.size and (int(flat.min()) < 0 or int(flat.max()) > self._max_id):
                 raise ValueError(f"token id outside [0, {self._max_id}] for dtype {dtype_name(self.dtype)}")
             flat = flat.astype(self.dtype)
-        data = flat.tobytes()
-        self._fh.write(data)
-        self._hash.update(data)
+        self._write_tokens(flat.tobytes())
         starts = self._n_tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]]) if lengths.size else lengths
         rows = self._rows
         rows["token_start"].extend(starts.tolist())
@@ -391,6 +443,9 @@ class ShardFileWriter:
             os.fsync(self._mfh.fileno())
             self._mfh.close()
         schema = SFT_INDEX_SCHEMA if self.with_mask else INDEX_SCHEMA
+        if self._block_fill:
+            self._blocks.append(self._block_hash.intdigest())
+        schema = schema.with_metadata({BLOCKS_KEY: np.asarray(self._blocks, dtype="<u8").tobytes().hex().encode()})
         table = pa.table({k: self._rows[k] for k in schema.names}, schema=schema)
         index_path = self.directory / (self.name + INDEX_SUFFIX)
         with atomic.atomic_path(index_path) as tmp:
@@ -403,7 +458,7 @@ class ShardFileWriter:
             n_bytes=self._n_tokens * self.dtype.itemsize, sha256=self._hash.hexdigest(),
             index_n_bytes=index_path.stat().st_size, index_sha256=sha256_file(index_path),
             mask_sha256=self._mhash.hexdigest() if self._mhash is not None else None,
-            n_loss_tokens=self._n_loss if self.with_mask else None,
+            n_loss_tokens=self._n_loss if self.with_mask else None, block_bytes=BLOCK_BYTES,
             tokens_by_component=dict(sorted(self._tok_by_comp.items())),
             rank_token_sum_by_component={c: _round(v) for c, v in sorted(self._rank_by_comp.items())},
         )
@@ -529,6 +584,9 @@ class ShardSet:
         self._tokens: dict[int, np.ndarray] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._starts: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._checked: dict[int, np.ndarray] = {}          # per shard: which blocks were verified
+        self._sums: dict[int, np.ndarray | None] = {}
+        self.vocab_size = manifest.tokenizer.vocab_size
 
     @classmethod
     def open(cls, directory: str | os.PathLike, tokenizer: Any = None, verify_hashes: bool = False) -> "ShardSet":
@@ -550,6 +608,11 @@ class ShardSet:
                 _check_size(directory / s.mask_path, s.n_tokens, s.name)
         if tokenizer is not None:
             check_tokenizer(manifest, tokenizer, mpath)
+        unchecked = [s.name for s in manifest.shards if s.block_bytes is None]
+        if unchecked or not manifest.manifest_digest:
+            warnings.warn(f"{directory}: written without block checksums or a manifest digest (an older "
+                          f"shard set): only token ids are checked as it is read; run `python -m mixtures inspect "
+                          f"{directory} --verify` to check every byte, or re-materialize it", stacklevel=2)
         shard_set = cls(directory, manifest)
         if verify_hashes:
             shard_set.verify()
@@ -566,6 +629,59 @@ class ShardSet:
                 if got != want:
                     raise ShardError(self.directory / rel,
                                      f"sha256 {got[:16]}… does not match the manifest's {want[:16]}… (corrupted shard)")
+        for i, s in enumerate(self.manifest.shards):
+            if s.n_tokens:
+                self.check_blocks(i, 0, s.n_tokens)
+
+    def _block_sums(self, i: int) -> np.ndarray | None:
+        """The xxh3-64 of every block of shard i's token file, from its index's metadata."""
+        if i not in self._sums:
+            s = self.manifest.shards[i]
+            sums = None
+            if s.block_bytes is not None:
+                path = self.directory / s.index_path
+                try:
+                    meta = pq.read_schema(path).metadata or {}
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise ShardError(path, f"document index unreadable ({e})") from None
+                if BLOCKS_KEY not in meta:
+                    raise ShardError(path, f"has no block checksums ({BLOCKS_KEY.decode()}), the manifest says "
+                                           "it has: the index was replaced; re-materialize the set")
+                sums = np.frombuffer(bytes.fromhex(meta[BLOCKS_KEY].decode()), dtype="<u8")
+                want = -(-s.n_bytes // s.block_bytes)
+                if sums.size != want:
+                    raise ShardError(path, f"has {sums.size} block checksums for {want} blocks of {s.tokens_path}")
+            self._sums[i] = sums
+        return self._sums[i]
+
+    def check_blocks(self, i: int, lo: int, hi: int) -> None:
+        """Verify, once each, the blocks of shard i that hold its tokens [lo, hi): the block's
+        checksum (when the set has them) and every token id < vocab_size. Raises ShardError
+        naming the token file and the byte offset."""
+        s = self.manifest.shards[i]
+        per = (s.block_bytes or BLOCK_BYTES) // self.dtype.itemsize        # tokens per block
+        if i not in self._checked:
+            self._checked[i] = np.zeros(-(-s.n_tokens // per), dtype=bool)
+        checked = self._checked[i]
+        first, last = lo // per, -(-hi // per)
+        if checked[first:last].all():
+            return
+        sums = self._block_sums(i)
+        tokens = self.shard_tokens(i)
+        path = self.directory / s.tokens_path
+        for b in range(first, last):
+            if checked[b]:
+                continue
+            block = tokens[b * per:(b + 1) * per]
+            if sums is not None and xxhash.xxh3_64_intdigest(block) != int(sums[b]):
+                raise ShardError(path, f"block {b} (bytes {b * per * self.dtype.itemsize}-"
+                                       f"{(b * per + block.size) * self.dtype.itemsize - 1}) does not match its checksum: "
+                                       "the file is corrupted; re-materialize the set")
+            if block.size and int(block.max()) >= self.vocab_size:
+                at = b * per + int(np.argmax(block >= self.vocab_size))
+                raise ShardError(path, f"token id {int(tokens[at])} at token {at} (byte {at * self.dtype.itemsize}) "
+                                       f"is outside the vocabulary of {self.vocab_size}: the file is corrupted")
+            checked[b] = True
 
     # ---- access ----
     @property
@@ -638,6 +754,7 @@ class ShardSet:
             base = int(self.shard_starts[i])
             lo, hi = pos - base, min(stop, int(self.shard_starts[i + 1])) - base
             out = slice(pos - start, pos - start + (hi - lo))
+            self.check_blocks(i, lo, hi)
             tokens[out] = self.shard_tokens(i)[lo:hi]
             mask[out] = self.shard_mask(i)[lo:hi]
             starts = self.doc_starts(i)
