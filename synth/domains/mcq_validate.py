@@ -5,7 +5,8 @@
   `A) ...`, `Answer: X`).
 - `mcq_problems`: the look-alike keeps the seed's option count, has distinct options, a key among
   its letters, and is not the seed question itself.
-- `parse_choice`: the letter a solution ends on (`Answer: X`, `\\boxed{X}`, "the answer is (X)").
+- `parse_choice`: the letter of a solution's last explicit answer statement (`Answer: X`,
+  `\\boxed{X}`, "the answer is (X)", "actually B"), by position.
 - `strict_majority`: the answer more than half of *all* samples chose (an unparsable sample counts
   against every answer), or None; questions without one emit nothing.
 """
@@ -17,6 +18,8 @@ import string
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
+
+from synth.verify import extract_choice_letter
 
 _OPTION_RE = re.compile(r"^\s*\(?([A-J])\s*[).:]\s+(.+?)\s*$")
 _QUESTION_RE = re.compile(r"^\s*\**question\**\s*[:.]\s*(.*)$", re.IGNORECASE)
@@ -95,22 +98,12 @@ def mcq_problems(mcq: Mcq, n_options: int, seed_question: str | None = None) -> 
     return problems
 
 
-_CHOICE_PATTERNS = [re.compile(p, re.IGNORECASE | re.MULTILINE) for p in (
-    r"^\s*\**(?:final\s+)?answer\**\s*[:=]\s*\**\s*\(?([A-J])\)?\**(?![A-Za-z])",
-    r"\\boxed\{\s*\(?([A-J])\)?\s*\}",
-    r"answer\s+is\s*[:]?\s*\**\(?([A-J])\)?\**(?![A-Za-z])",
-)]
-
-
 def parse_choice(text: str, valid: Sequence[str]) -> str | None:
-    """The option letter a solution ends on, from its last explicit statement; None if it states
-    none or one outside `valid`."""
-    for pat in _CHOICE_PATTERNS:
-        found = pat.findall(text)
-        if found:
-            letter = found[-1].upper()
-            return letter if letter in valid else None
-    return None
+    """The option letter of the solution's last explicit answer statement
+    (`synth.verify.extract_choice_letter`: position decides, not pattern); None if it states none
+    or one outside `valid`."""
+    letter = extract_choice_letter(text)
+    return letter if letter in valid else None
 
 
 def strict_majority(choices: Sequence[str | None]) -> tuple[str | None, float]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from synth.verify import (canonical_math_key, extract_choice_letter, extract_final_answer, majority_answer,
-                          math_equivalent, parse_reasoning, register_verifier, get_verifier, Outcome)
+from synth.verify import (Outcome, canonical_math_key, check_json_schema, extract_choice_letter, extract_final_answer,
+                          get_verifier, last_boxed, majority_answer, math_equivalent, parse_reasoning, register_verifier,
+                          verify_math)
 
 
 @pytest.mark.parametrize("text,ok,problem", [
@@ -86,3 +89,162 @@ def test_verifier_registry_rejects_duplicates_and_lists_names():
         register_verifier("test_always")(lambda r, f, w: Outcome(False))
     with pytest.raises(KeyError, match="math"):
         get_verifier("nope")
+
+
+# ---- the math grader, table-driven: (candidate response, reference, verdict) ------------------------
+# Formats from lm-eval's minerva_math, Qwen2.5-Math's and PRM800K's graders and issue 14's list.
+
+ALL = "Find all real solutions, separated by commas."
+MATH_TABLE = [
+    # plain numbers, decimals, signs
+    ("\\boxed{42}", "42", True), ("\\boxed{42.0}", "42", True), ("\\boxed{42.00}", "42", True),
+    ("\\boxed{041}", "41", True), ("\\boxed{-7}", "-7", True), ("\\boxed{−5}", "-5", True),
+    ("\\boxed{– 5}", "-5", True), ("\\boxed{+3}", "3", True), ("\\boxed{43}", "42", False),
+    ("\\boxed{-5}", "5", False), ("\\boxed{0.1}", "0.10", True), ("\\boxed{.5}", "0.5", True),
+    ("\\boxed{0.333}", "\\frac{1}{3}", False), ("\\boxed{3.14}", "\\pi", False),
+    # fractions
+    ("\\boxed{\\frac{1}{2}}", "0.5", True), ("\\boxed{\\frac12}", "\\frac{1}{2}", True),
+    ("\\boxed{\\dfrac{3}{4}}", "3/4", True), ("\\boxed{\\tfrac{3}{4}}", "0.75", True),
+    ("\\boxed{6/8}", "\\frac34", True), ("\\boxed{\\frac{-1}{2}}", "-\\frac{1}{2}", True),
+    ("\\boxed{\\frac{2}{3}}", "\\frac{3}{2}", False), ("\\boxed{\\frac1{2}}", "1/2", True),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", True), ("\\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{\\sqrt{2}}{2}", True),
+    # mixed numbers
+    ("\\boxed{2\\frac{1}{2}}", "\\frac{5}{2}", True), ("\\boxed{2 \\frac{1}{2}}", "2.5", True),
+    ("\\boxed{2 1/2}", "5/2", True), ("\\boxed{-1\\frac{1}{4}}", "-1.25", True), ("\\boxed{3\\frac{1}{2}}", "\\frac{3}{2}", False),
+    # thousands separators
+    ("\\boxed{1,000}", "1000", True), ("\\boxed{1{,}000}", "1000", True), ("\\boxed{1\\,000}", "1000", True),
+    ("\\boxed{12,345,678}", "12345678", True), ("\\boxed{1 000 000}", "1000000", True), ("#### 1,250", "1250", True),
+    ("\\boxed{1,001}", "1000", False),
+    # money
+    ("\\boxed{\\$18}", "18", True), ("\\boxed{\\$18.00}", "18", True), ("The answer is $18.", "18", True),
+    ("\\boxed{18 \\text{ dollars}}", "18", True), ("\\boxed{\\$1,250.50}", "1250.5", True), ("\\boxed{\\$19}", "18", False),
+    ("\\boxed{€40}", "40", True),
+    # percent (convention: p% equals p and p/100)
+    ("\\boxed{50\\%}", "50", True), ("\\boxed{50%}", "0.5", True), ("\\boxed{50}", "50\\%", True),
+    ("\\boxed{0.5}", "50\\%", True), ("\\boxed{0.5}", "50", False), ("\\boxed{25 \\text{ percent}}", "25", True),
+    ("\\boxed{12.5\\%}", "\\frac{1}{8}", True), ("\\boxed{40\\%}", "50", False),
+    # units
+    ("\\boxed{12\\,\\mathrm{m}}", "12", True), ("\\boxed{12 \\text{ m}}", "12", True), ("\\boxed{5 \\text{ cm}^2}", "5", True),
+    ("\\boxed{60 \\text{ km/h}}", "60", True), ("\\boxed{12 apples}", "12", True), ("\\boxed{7\\text{ inches}}", "7", True),
+    ("\\boxed{3 \\text{ hours}}", "4", False), ("\\boxed{9.8 \\mathrm{m/s^2}}", "9.8", True),
+    # degrees
+    ("\\boxed{30^\\circ}", "30", True), ("\\boxed{30^{\\circ}}", "30", True), ("\\boxed{30°}", "30", True),
+    ("\\boxed{30 \\text{ degrees}}", "30", True), ("\\boxed{45^\\circ}", "30", False),
+    # equations
+    ("\\boxed{x = 5}", "5", True), ("\\boxed{x=5}", "x = 5", True), ("The answer is $x = 5$.", "5", True),
+    ("\\boxed{y = 2x + 3}", "2x+3", True), ("\\boxed{k=-2}", "-2", True), ("\\boxed{x = 4}", "5", False),
+    ("\\boxed{f(x) = x^2}", "x^2", True),
+    # expressions and radicals
+    ("\\boxed{2x+x}", "3x", True), ("\\boxed{\\sqrt{4}}", "2", True), ("\\boxed{\\sqrt2}", "\\sqrt{2}", True),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True), ("\\boxed{\\sqrt[3]{27}}", "3", True), ("\\boxed{x^2 - 1}", "(x-1)(x+1)", True),
+    ("\\boxed{x^2 + 1}", "(x+1)^2", False), ("\\boxed{\\frac{\\pi}{2}}", "\\pi/2", True), ("\\boxed{2\\pi}", "2 \\pi", True),
+    ("\\boxed{\\pi r^2}", "r^2\\pi", True), ("\\boxed{e^{2}}", "e^2", True), ("\\boxed{3+2i}", "2i+3", True),
+    ("\\boxed{3-2i}", "3+2i", False), ("\\boxed{\\left(x+1\\right)^2}", "x^2+2x+1", True), ("\\boxed{|x|}", "x", False),
+    ("\\boxed{\\sqrt{x^2}}", "|x|", True), ("\\boxed{\\sin^2 x + \\cos^2 x}", "1", True), ("\\boxed{\\log_2 8}", "3", True),
+    ("\\boxed{\\ln e}", "1", True), ("\\boxed{5!}", "120", True), ("\\boxed{\\binom{5}{2}}", "10", False),
+    ("\\boxed{2^{10}}", "1024", True), ("\\boxed{1.5 \\times 10^{3}}", "1500", True), ("\\boxed{3 \\cdot 4}", "12", True),
+    ("\\boxed{a+b}", "b+a", True), ("\\boxed{ab}", "ba", True), ("\\boxed{\\alpha + 1}", "1+\\alpha", True),
+    # intervals (the brackets matter)
+    ("\\boxed{[1,2)}", "[1,2)", True), ("\\boxed{[1,2)}", "(1,2]", False), ("\\boxed{(1, 2)}", "(1,2)", True),
+    ("\\boxed{[1,2]}", "(1,2)", False), ("\\boxed{(-\\infty, 3]}", "(-\\infty,3]", True),
+    ("\\boxed{(-\\infty, 3)}", "(-\\infty,3]", False), ("\\boxed{\\left[ \\frac{1}{2}, 4 \\right)}", "[0.5, 4)", True),
+    ("\\boxed{(-\\infty,-1) \\cup (3,\\infty)}", "(3,\\infty)\\cup(-\\infty,-1)", True),
+    ("\\boxed{(-\\infty,-1] \\cup (3,\\infty)}", "(-\\infty,-1)\\cup(3,\\infty)", False),
+    # tuples / points (ordered)
+    ("\\boxed{(1,2)}", "(2,1)", False), ("\\boxed{(3, -4)}", "(3,-4)", True), ("\\boxed{(1,2,3)}", "(1,2)", False),
+    ("\\boxed{x=1, y=2}", "(1,2)", True), ("\\boxed{(\\frac{1}{2}, 3)}", "(0.5, 3)", True),
+    # sets and lists of solutions (unordered)
+    ("\\boxed{\\{1,2\\}}", "\\{2,1\\}", True), ("\\boxed{\\{1,2\\}}", "\\{1,3\\}", False), ("\\boxed{2, 1}", "1, 2", True),
+    ("\\boxed{1, 2, 3}", "1, 2", False), ("\\boxed{-2, 3}", "3,-2", True), ("The roots are \\boxed{x = 3 \\text{ or } x = -1}", "-1, 3", True),
+    ("\\boxed{3} and \\boxed{-1}", "-1, 3", True), ("\\boxed{\\{5\\}}", "5", True),
+    # matrices and vectors
+    ("\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", True),
+    ("\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}", "\\begin{bmatrix}1&2\\\\4&3\\end{bmatrix}", False),
+    ("\\boxed{\\begin{pmatrix} \\frac12 \\\\ -1 \\end{pmatrix}}", "\\begin{pmatrix}0.5\\\\-1\\end{pmatrix}", True),
+    ("\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}", "(1,2)", True), ("\\boxed{\\begin{pmatrix} 1 & 2 \\end{pmatrix}}", "(2,1)", False),
+    # text answers
+    ("\\boxed{\\text{Monday}}", "Monday", True), ("\\boxed{\\textbf{(B)}}", "(B)", True), ("\\boxed{Tuesday}", "Monday", False),
+    ("\\boxed{\\text{even}}", "\\text{odd}", False),
+    # extraction: where the answer is
+    ("So the total is 7, and with the bonus \\boxed{9}.", "9", True), ("First \\boxed{3}.\n\nOn reflection \\boxed{4}.", "4", True),
+    ("Final Answer: The final answer is $25$. I hope it is correct.", "25", True), ("#### 72", "72", True),
+    ("The answer is: 17", "17", True), ("I get 3 then 12 apples", "12", True), ("no numbers here", "1", False),
+    ("\\boxed 5", "5", True), ("$\\boxed{\\frac{7}{2}}$", "3.5", True), ("The final answer is $\\boxed{-\\frac{3}{4}}$.", "-0.75", True),
+    # hedged and multiple answers are rejected
+    ("Maybe 3 or 4.", "4", False), ("It is 3 or 4.", "4", False), ("\\boxed{3 \\text{ or } 4}", "4", False),
+    ("Perhaps \\boxed{4}.", "4", False), ("\\boxed{4?}", "4", False), ("\\boxed{3} or \\boxed{4}", "4", False),
+    ("The answer is probably 4.", "4", False), ("\\boxed{2} and \\boxed{2}", "2", True), ("The answer is either 3 or 4.", "3, 4", False),
+    # answers that cannot hang
+    ("\\boxed{9^{9^{9}}}", "1", False), ("\\boxed{9^{9^{9^{9}}}}", "9", False), ("\\boxed{1000000!}", "1", False),
+    ("\\boxed{10^{10^{10}} - 10^{10^{10}}}", "0", False), ("\\boxed{2^{100}}", "1267650600228229401496703205376", True),
+    ("\\boxed{(1+x)^{1000000000}}", "1", False), ("\\boxed{e^{10^{9}}}", "1", False), ("\\boxed{1^{10^{100}}}", "1", True),
+    ("\\boxed{" + "+".join(["x"] * 500) + "}", "500x", False),
+    # the row's question asks for all solutions: tuples compare in any order
+]
+MATH_TABLE_ALL = [("\\boxed{(3, 1)}", "(1, 3)", True), ("\\boxed{x=3, x=1}", "1, 3", True), ("\\boxed{3}", "1, 3", False)]
+
+
+@pytest.mark.parametrize("response,reference,ok", MATH_TABLE)
+def test_math_grader_table(response, reference, ok):
+    out = verify_math(response, reference, {})
+    assert out.passed is ok, (response, reference, out)
+
+
+@pytest.mark.parametrize("response,reference,ok", MATH_TABLE_ALL)
+def test_math_grader_unordered_when_the_question_asks_for_all_solutions(response, reference, ok):
+    assert verify_math(response, reference, {"question": ALL}).passed is ok
+    assert verify_math("\\boxed{(3, 1)}", "(1, 3)", {"question": "Find the point."}).passed is False
+
+
+def test_math_table_has_at_least_150_cases():
+    assert len(MATH_TABLE) + len(MATH_TABLE_ALL) >= 150
+
+
+def test_hostile_answers_return_fast():
+    t0 = time.perf_counter()
+    for text in ("\\boxed{9^{9^{9}}}", "\\boxed{9^{9^{9^{9}}}}", "\\boxed{1000000!}", "\\boxed{10^{10^{10}}!}",
+                 "\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "\\boxed{" + "(" * 150 + "1" + ")" * 150 + "}"):
+        verify_math(text, "1", {})
+        canonical_math_key(last_boxed(text))
+    assert time.perf_counter() - t0 < 5      # generous: each is milliseconds; a hang would be minutes
+
+
+@pytest.mark.parametrize("response", [
+    "What is 2+2? The answer is \\boxed{4}.", "Either way, the answer is \\boxed{4}.", "Is it 5? No: \\boxed{4}"])
+def test_questions_and_either_way_are_not_hedges(response):
+    assert verify_math(response, "4", {}).passed
+
+
+@pytest.mark.parametrize("text,letter", [
+    ("Answer: A ... actually B", "B"), ("Answer: A\nWait, actually, it's (C).", "C"), ("e.g. option C is wrong", None),
+    ("The answer is e.g. unclear", None), ("I'll go with D.", "D"), ("**Answer:** B", "B"), ("Answer: (b)", "B"),
+    ("\\boxed{C} but first \\boxed{A}", "A"), ("Option B is correct.", "B"), ("A lot of options. Answer: C", "C"),
+    ("The answer is A. Actually a typo, the answer is D", "D"), ("Answer: C\n\nActually a better reading gives B.", "C"),
+])
+def test_choice_letter_last_explicit_statement_wins(text, letter):
+    assert extract_choice_letter(text) == letter
+
+
+SCHEMA = {"type": "object", "required": ["date", "email", "items"], "additionalProperties": False, "properties": {
+    "date": {"type": "string", "format": "date"}, "email": {"type": "string", "format": "email"},
+    "items": {"type": "array", "items": {"type": "object", "required": ["sku"], "additionalProperties": False,
+                                         "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}}}}}
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"date": "2024-02-29", "email": "a@b.org", "items": [{"sku": "x", "qty": 2}]}', None),
+    ('```json\n{"date": "2024-02-29", "email": "a@b.org", "items": []}\n```', None),
+    ("Sure! The answer is 7.", "not JSON"),
+    ('{"date": "2024-02-30", "email": "a@b.org", "items": []}', "date"),
+    ('{"date": "2024-02-29", "email": "not-an-email", "items": []}', "email"),
+    ('{"date": "2024-02-29", "email": "a@b.org", "items": [{"sku": "x", "colour": "red"}]}', "items/0"),
+    ('{"date": "2024-02-29", "email": "a@b.org", "items": [{"sku": "x", "qty": 0}]}', "items/0/qty"),
+    ('{"date": "2024-02-29", "email": "a@b.org", "items": [], "extra": 1}', "Additional properties"),
+    ('{"date": "2024-02-29", "email": "a@b.org", "items": []} trailing', "not JSON"),
+])
+def test_structured_output_is_validated_against_its_schema(text, why):
+    reason = check_json_schema(text, SCHEMA)
+    if why is None:
+        assert reason is None
+    else:
+        assert reason is not None and why in reason, reason

@@ -67,3 +67,13 @@ def test_strict_majority_counts_every_sample():
     assert strict_majority(["B", None, None])[0] is None             # unparsable samples count against
     assert strict_majority(["A", "A", None, "C", "A"]) == ("A", pytest.approx(0.6))
     assert strict_majority([]) == (None, 0.0)
+
+
+@pytest.mark.parametrize("text,letter", [
+    ("Answer: A ... actually B", "B"),               # the last explicit statement, not the first pattern
+    ("Answer: B. For instance, e.g. option C would need a leaf.", "B"),   # "e.g." is no answer E
+    ("Some say (A). The answer is (D).", "D"),
+    ("**Final answer:** C\n\nOn reflection, the answer is A.", "A"),
+])
+def test_choice_letters_by_position(text, letter):
+    assert parse_choice(text, ["A", "B", "C", "D"]) == letter
