@@ -13,11 +13,11 @@ from typing import Any
 from common import atomic
 from common.log import get_logger
 from common.sandbox import SandboxJob, SandboxLimits, run_many
-from proxy_eval.extract import answers_match, extract_answer
+from proxy_eval.extract import answers_match, extract_answer, harness_exact_match, regex_first
 from proxy_eval.metrics import Estimate, bits_per_byte, mc_item_scores, mean_estimate, olmes_best, ratio_estimate
 from proxy_eval.models import ScoringModel, cut_at_stop
-from proxy_eval.tasks import (LoadedTask, SuiteConfig, code_program, code_prompt, generate_prompt, load_task,
-                              mc_requests)
+from proxy_eval.tasks import (LETTERS, LoadedTask, SuiteConfig, code_program, code_prompt, generate_prompt,
+                              load_task, mc_requests)
 
 log = get_logger(__name__)
 
@@ -47,31 +47,32 @@ def _mc(model: ScoringModel, task: LoadedTask, batch_size: int) -> TaskResult:
     cfg = task.config
     metrics: dict[str, Estimate] = {}
     per_doc: list[dict[str, Any]] = [{"doc_id": d["doc_id"], "gold": d["gold"]} for d in task.docs]
-    for form in cfg.forms:
+    forms = task.forms
+    for form in forms:
         reqs, spans = [], []
         for d in task.docs:
             r = mc_requests(task, d, form)
             spans.append((len(reqs), len(r)))
             reqs.extend(r)
         scores = model.loglikelihood(reqs, batch_size=batch_size)
-        items: dict[str, list[float]] = {"acc": [], "acc_norm": [], "prob_correct": []}
+        items: dict[str, list[float]] = {}
         for d, s, (start, k) in zip(task.docs, per_doc, spans):
             lls = [scores[start + j].logprob for j in range(k)]
-            nbytes = [len(reqs[start + j][1].encode("utf-8")) for j in range(k)]
-            item = mc_item_scores(lls, nbytes, d["gold"])
+            shown = d["choices"] if form == "cloze" else [LETTERS[j] for j in range(k)]
+            item = mc_item_scores(lls, [len(c) for c in shown], d["gold"], [len(c.encode("utf-8")) for c in shown])
+            if form == "letters":     # one-letter continuations: the normalized forms are acc
+                del item["acc_norm"], item["acc_bytes"]
             for m, v in item.items():
-                items[m].append(v)
+                items.setdefault(m, []).append(v)
             s[form] = {"loglikelihoods": lls, **item}
         for m, vals in items.items():
-            if form == "letters" and m == "acc_norm":
-                continue   # one-letter continuations: acc_norm is acc
             metrics[f"{form}.{m}"] = mean_estimate(vals)
     detail: dict[str, Any] = {}
     if cfg.primary == "olmes":
         candidates = {}
-        if "cloze" in cfg.forms:
+        if "cloze" in forms:
             candidates["cloze"] = metrics[f"cloze.{cfg.cloze_metric}"]
-        if "letters" in cfg.forms:
+        if "letters" in forms:
             candidates["letters"] = metrics[f"letters.{cfg.letters_metric}"]
         form, best = olmes_best(candidates)
         detail["olmes_form"] = form
@@ -89,13 +90,19 @@ def _mc(model: ScoringModel, task: LoadedTask, batch_size: int) -> TaskResult:
 
 def _generate(model: ScoringModel, task: LoadedTask, batch_size: int) -> TaskResult:
     cfg = task.config
+    preset = task.preset
     prompts = [generate_prompt(task, d) for d in task.docs]
     outs = [cut_at_stop(o, task.stop) for o in model.generate(prompts, cfg.max_new_tokens, task.stop,
                                                               batch_size=batch_size)]
     hits, samples = [], []
     for d, out in zip(task.docs, outs):
-        pred = extract_answer(out)
-        ok = answers_match(pred, d["answer"])
+        if preset.answer_regex is None:      # Puro's postprocessor
+            pred = extract_answer(out)
+            ok = answers_match(pred, d["answer"])
+        else:                                # the harness's filter and exact_match
+            pred = regex_first(out, preset.answer_regex)
+            ok = harness_exact_match(pred, d["answer"], preset.match_ignore, preset.match_ignore_case,
+                                     preset.match_ignore_punctuation)
         hits.append(float(ok))
         samples.append({"doc_id": d["doc_id"], "generation": out, "extracted": pred, "gold": d["answer"], "match": ok})
     est = mean_estimate(hits)

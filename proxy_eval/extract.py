@@ -9,7 +9,9 @@ normalized text.
 from __future__ import annotations
 
 import re
+import string
 from fractions import Fraction
+from typing import Sequence
 
 # "The answer is 12", "Final answer: -3/4", "#### 1,000", "Answer: $5"
 _MARKERS = [
@@ -144,3 +146,33 @@ def answers_match(predicted: str | None, gold: str) -> bool:
             q = parse_number(nums[0])
             return q is not None and q == g
     return normalize_text_answer(predicted) == normalize_text_answer(gold)
+
+
+# ---- lm-evaluation-harness filters and exact_match -------------------------------------------
+
+def regex_first(text: str, pattern: str) -> str:
+    """lm-eval's `regex` + `take_first` filter: the first match's group (stripped), or
+    "[invalid]"; an empty pattern is the `take_first` filter alone (the whole generation)."""
+    if not pattern:
+        return text
+    found = re.findall(pattern, text)
+    if not found:
+        return "[invalid]"
+    m = found[0]
+    if isinstance(m, tuple):
+        m = next((x for x in m if x), "")
+    return m.strip()
+
+
+def harness_exact_match(predicted: str, gold: str, regexes_to_ignore: Sequence[str] = (), ignore_case: bool = False,
+                        ignore_punctuation: bool = False) -> bool:
+    """lm-eval's `exact_match` metric (`exact_match_hf_evaluate`) for one item."""
+    p, g = predicted, gold
+    for r in regexes_to_ignore:
+        p, g = re.sub(r, "", p), re.sub(r, "", g)
+    if ignore_case:
+        p, g = p.lower(), g.lower()
+    if ignore_punctuation:
+        table = str.maketrans("", "", string.punctuation)
+        p, g = p.translate(table), g.translate(table)
+    return p == g

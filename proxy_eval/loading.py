@@ -68,7 +68,8 @@ def trainer_checkpoint_tokenizer(state: Any) -> Any:
 
 
 def open_scorer(path: str | os.PathLike, tokenizer: Any = None, device: str = "cpu", max_length: int | None = None,
-                name: str | None = None, prefix_token_id: int | None = None) -> CausalLMScorer:
+                name: str | None = None, prefix_token_id: int | None = None,
+                prefix_contexts: bool = False) -> CausalLMScorer:
     """A scorer for a trainer checkpoint (or run / checkpoints directory: the latest) or an HF model
     directory. `tokenizer`: a path, a mixtures tokenizer block, or a loaded tokenizer; default: the
     model's own (HF directory) or the one recorded for the checkpoint's training data."""
@@ -76,7 +77,8 @@ def open_scorer(path: str | os.PathLike, tokenizer: Any = None, device: str = "c
     loaded = tokenizer is None or (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode")
                                    and not isinstance(tokenizer, (str, bytes)))
     tok = tokenizer if loaded else open_tokenizer(tokenizer)
-    kw: dict[str, Any] = {"device": device, "name": name or p.name, "prefix_token_id": prefix_token_id}
+    kw: dict[str, Any] = {"device": device, "name": name or p.name, "prefix_token_id": prefix_token_id,
+                          "prefix_contexts": prefix_contexts}
     if is_hf_model_dir(p):
         from transformers import AutoModelForCausalLM
 

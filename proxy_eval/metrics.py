@@ -2,7 +2,7 @@
 
 - Multiple choice by log-likelihood (lm-evaluation-harness / OLMES conventions): `acc` picks the
   choice with the highest summed log-probability; `acc_norm` divides by the choice's length in
-  bytes first; `prob_correct` is the probability mass on the gold choice after renormalizing over
+  characters first (lm-eval's `acc_norm`), `acc_bytes` by its UTF-8 bytes; `prob_correct` is the probability mass on the gold choice after renormalizing over
   the choices (a continuous likelihood metric, which DataDecide finds more predictive for small
   proxies than accuracy).
 - OLMES rule (Puro §4.1.2): a task with both a cloze (CF) and a lettered (MCF) form is scored
@@ -63,17 +63,19 @@ def argmax_first(values: Sequence[float]) -> int:
     return int(np.argmax(np.asarray(values, dtype=np.float64)))
 
 
-def mc_item_scores(loglikelihoods: Sequence[float], choice_bytes: Sequence[int], gold: int) -> dict[str, float]:
-    """Per-item `acc`, `acc_norm` (log-likelihood per byte of the choice) and `prob_correct`."""
+def mc_item_scores(loglikelihoods: Sequence[float], choice_chars: Sequence[int], gold: int,
+                   choice_bytes: Sequence[int] | None = None) -> dict[str, float]:
+    """Per-item `acc`, `acc_norm` (log-likelihood per character of the choice, as lm-eval),
+    `acc_bytes` (per UTF-8 byte, when the byte lengths are given) and `prob_correct`."""
     ll = np.asarray(loglikelihoods, dtype=np.float64)
-    nb = np.maximum(np.asarray(choice_bytes, dtype=np.float64), 1.0)
     p = np.exp(ll - ll.max())
     p /= p.sum()
-    return {
-        "acc": float(argmax_first(ll) == gold),
-        "acc_norm": float(argmax_first(ll / nb) == gold),
-        "prob_correct": float(p[gold]),
-    }
+    out = {"acc": float(argmax_first(ll) == gold),
+           "acc_norm": float(argmax_first(ll / np.asarray(choice_chars, dtype=np.float64)) == gold)}
+    if choice_bytes is not None:
+        out["acc_bytes"] = float(argmax_first(ll / np.asarray(choice_bytes, dtype=np.float64)) == gold)
+    out["prob_correct"] = float(p[gold])
+    return out
 
 
 def olmes_best(form_scores: dict[str, Estimate]) -> tuple[str, Estimate]:

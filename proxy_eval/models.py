@@ -42,23 +42,28 @@ class TextTokenizer(Protocol):
 
 
 class HFTokenizer:
-    """Wraps a `tokenizers.Tokenizer` or a `transformers` tokenizer; never adds special tokens."""
+    """Wraps a `tokenizers.Tokenizer` or a `transformers` tokenizer. `encode` adds no special
+    tokens unless asked; the scorer asks (`add_special_tokens=True`) where lm-eval lets the
+    tokenizer add its own (a BOS for Llama-style tokenizers, nothing for GPT-2/Qwen-style ones)."""
 
-    def __init__(self, tok: Any, eos_token: str | None = None, name: str = ""):
+    def __init__(self, tok: Any, eos_token: str | None = None, name: str = "", bos_token: str | None = None):
         self._tok = tok
         self.name = name
         self._fast = hasattr(tok, "encode_batch") and not hasattr(tok, "convert_tokens_to_ids")
-        eos_id = None
-        if eos_token is not None:
-            eos_id = tok.token_to_id(eos_token) if self._fast else tok.convert_tokens_to_ids(eos_token)
-        elif not self._fast and getattr(tok, "eos_token_id", None) is not None:
-            eos_id = tok.eos_token_id
-        self.eos_token_id: int | None = eos_id
+        self.eos_token_id: int | None = self._id(eos_token, "eos_token_id")
+        self.bos_token_id: int | None = self._id(bos_token, "bos_token_id")
 
-    def encode(self, text: str) -> list[int]:
+    def _id(self, token: str | None, attr: str) -> int | None:
+        if token is not None:
+            return self._tok.token_to_id(token) if self._fast else self._tok.convert_tokens_to_ids(token)
+        if not self._fast:
+            return getattr(self._tok, attr, None)
+        return None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if self._fast:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
-        return list(self._tok.encode(text, add_special_tokens=False))
+            return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
@@ -82,14 +87,17 @@ def load_tokenizer(path: str | os.PathLike, eos_token: str | None = None) -> HFT
     if not file.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {path}")
     tok = Tokenizer.from_file(str(file))
+    cfg_file = file.parent / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+
+    def named(key: str) -> str | None:
+        raw = cfg.get(key)
+        raw = raw.get("content") if isinstance(raw, dict) else raw
+        return raw if raw is not None and tok.token_to_id(raw) is not None else None
+
     if eos_token is None:
-        cfg = file.parent / "tokenizer_config.json"
-        if cfg.is_file():
-            raw = json.loads(cfg.read_text()).get("eos_token")
-            eos_token = raw.get("content") if isinstance(raw, dict) else raw
-        if eos_token is None or tok.token_to_id(eos_token) is None:
-            eos_token = next((t for t in _EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
-    return HFTokenizer(tok, eos_token=eos_token, name=str(file))
+        eos_token = named("eos_token") or next((t for t in _EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
+    return HFTokenizer(tok, eos_token=eos_token, name=str(file), bos_token=named("bos_token"))
 
 
 # ---- the interface ---------------------------------------------------------------------------
@@ -129,21 +137,31 @@ def _split_context(context: str, continuation: str) -> tuple[str, str]:
 
 
 class CausalLMScorer(abc.ABC):
-    """Tokenization, batching and scoring shared by every causal LM adapter."""
+    """Tokenization, batching and scoring shared by every causal LM adapter.
+
+    Conditioning is lm-evaluation-harness's: a context is tokenized as the tokenizer does by
+    default (so a BOS only where the tokenizer adds one), and the prefix token (the tokenizer's
+    BOS, else its end-of-text token) conditions only what has nothing else to condition on: an
+    empty context, and the first token of a rolling text. `prefix_contexts=True` prepends the
+    prefix token to every context and prompt too (the OLMES / Puro-shard convention: documents
+    in the training stream follow an end-of-text token)."""
 
     def __init__(self, tokenizer: TextTokenizer, max_length: int, name: str = "model",
-                 prefix_token_id: int | None = None, device: str | torch.device = "cpu"):
+                 prefix_token_id: int | None = None, device: str | torch.device = "cpu",
+                 prefix_contexts: bool = False):
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
         self.name = name
         eos = getattr(tokenizer, "eos_token_id", None)
         if eos is None:
             eos = getattr(tokenizer, "eos_id", None)      # mixtures.tokenizers.Tokenizer
-        pid = prefix_token_id if prefix_token_id is not None else eos
+        bos = getattr(tokenizer, "bos_token_id", None)
+        pid = next((x for x in (prefix_token_id, bos, eos) if x is not None), None)
         if pid is None:
             raise ValueError("the scorer needs a token to condition on at the start of a text: give prefix_token_id "
                              "or a tokenizer with an end-of-text token")
         self.prefix_token_id = int(pid)
+        self.prefix_contexts = bool(prefix_contexts)
         self.eos_token_id: int | None = None if eos is None else int(eos)
         self.device = torch.device(device)
 
@@ -152,17 +170,25 @@ class CausalLMScorer(abc.ABC):
         """[batch, time] token ids -> [batch, time, vocab] next-token logits (causal)."""
 
     # -- helpers --
+    def _encode(self, text: str) -> list[int]:
+        """Tokens of a text as the tokenizer makes them by default (its own special tokens, if any)."""
+        if isinstance(self.tokenizer, HFTokenizer):
+            return self.tokenizer.encode(text, add_special_tokens=True)
+        return self.tokenizer.encode(text)
+
+    def _context_prefix(self) -> list[int]:
+        return [self.prefix_token_id] if self.prefix_contexts else []
+
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's `_encode_pair`: the continuation is what tokenizing the whole adds to the context."""
+        if not context:
+            return [self.prefix_token_id], self._encode(continuation)
         context, continuation = _split_context(context, continuation)
         if not continuation:
             raise ValueError(f"empty continuation for context {context[-60:]!r}")
-        whole = self.tokenizer.encode(context + continuation)
-        ctx = self.tokenizer.encode(context) if context else []
-        if whole[:len(ctx)] == ctx and len(whole) > len(ctx):
-            cont = whole[len(ctx):]
-        else:
-            cont = self.tokenizer.encode(continuation)
-        return [self.prefix_token_id] + ctx, cont
+        whole = self._encode(context + continuation)
+        ctx = self._encode(context)
+        return self._context_prefix() + ctx, whole[len(ctx):]
 
     def _forward_logits(self, rows: list[list[int]]) -> list[torch.Tensor]:
         """Next-token logits (float32) for each row of a right-padded batch, cut to the row's length.
@@ -205,22 +231,26 @@ class CausalLMScorer(abc.ABC):
         return results  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, texts: Sequence[str], batch_size: int = 8) -> list[TextScore]:
-        """Every token of each text is predicted once, from up to `max_length` tokens before it
-        (non-overlapping windows; the first token is conditioned on the prefix token)."""
-        windows: list[tuple[int, list[int], list[int]]] = []   # (text index, inputs, targets)
+        """Every token of each text is predicted once (lm-eval's rolling windows): the first window
+        is the prefix token and up to `max_length` - 1 tokens; each later window predicts the next
+        up to `max_length` tokens from a full window of the tokens before them."""
+        windows: list[tuple[int, list[int], int]] = []   # (text index, inputs, number of targets)
+        targets_of: list[list[int]] = []
         n_tokens = []
         for t, text in enumerate(texts):
-            toks = self.tokenizer.encode(text)
+            toks = self._encode(text)
             n_tokens.append(len(toks))
-            inputs = [self.prefix_token_id] + toks[:-1]
-            for s in range(0, len(toks), self.max_length):
-                windows.append((t, inputs[s:s + self.max_length], toks[s:s + self.max_length]))
+            for inputs, targets in rolling_windows(toks, self.prefix_token_id, self.max_length):
+                windows.append((t, inputs, len(targets)))
+                targets_of.append(targets)
         nll = [0.0] * len(texts)
         for idx in self._batched_order([len(w[1]) for w in windows], batch_size):
             logits = self._forward_logits([windows[i][1] for i in idx])
             for i, lg in zip(idx, logits):
-                t, _, targets = windows[i]
-                tok_lp = lg.gather(1, torch.tensor(targets, dtype=torch.long)[:, None])[:, 0] - torch.logsumexp(lg, dim=-1)
+                t, _, k = windows[i]
+                tail = lg[-k:]
+                target = torch.tensor(targets_of[i], dtype=torch.long)[:, None]
+                tok_lp = tail.gather(1, target)[:, 0] - torch.logsumexp(tail, dim=-1)
                 nll[t] -= float(tok_lp.double().sum())
         return [TextScore(nll[t], n_tokens[t]) for t in range(len(texts))]
 
@@ -229,7 +259,8 @@ class CausalLMScorer(abc.ABC):
         """Greedy decoding, cut at the first stop string or the end-of-text token. Each step runs the
         whole right-padded batch (no KV cache), so every sequence sees exactly its own tokens."""
         budget = max(1, self.max_length - max_new_tokens)
-        encoded = [([self.prefix_token_id] + self.tokenizer.encode(p))[-budget:] for p in prompts]
+        encoded = [((self._context_prefix() + self._encode(p)) if p else [self.prefix_token_id])[-budget:]
+                   for p in prompts]
         outputs: list[str] = [""] * len(prompts)
         for idx in self._batched_order([len(e) for e in encoded], batch_size):
             seqs = {i: list(encoded[i]) for i in idx}
@@ -253,6 +284,23 @@ class CausalLMScorer(abc.ABC):
             for i in idx:
                 outputs[i] = cut_at_stop(self.tokenizer.decode(new[i]), stop)
         return outputs
+
+
+def rolling_windows(tokens: list[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """(inputs, targets) covering every token once: lm-eval's `get_rolling_token_windows` with
+    context_len 1 and `make_disjoint_window`. The inputs' last len(targets) positions predict the
+    targets."""
+    if not tokens:
+        return []
+    first = min(max_length, len(tokens))
+    out = [([prefix_token] + tokens[:first - 1], tokens[:first])]
+    done = first
+    while done < len(tokens):
+        k = min(len(tokens) - done, max_length)
+        end = done + k
+        out.append((tokens[max(0, end - max_length - 1):end - 1], tokens[end - k:end]))
+        done = end
+    return out
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -64,8 +64,14 @@ class TaskConfig(BaseModel):
     fewshot_seed: int = 1234
     limit: int | None = None           # evaluate the first N documents (after few-shot removal)
     # multiple choice
-    forms: list[Literal["cloze", "letters"]] = Field(default_factory=lambda: ["cloze", "letters"])
-    cloze_metric: Literal["acc", "acc_norm", "prob_correct"] = "acc_norm"
+    # default: the preset's (both for the cloze-able harness tasks; cloze alone where the harness
+    # prompt already lists lettered options, as `mmlu`, or for partial scoring, as `winogrande`)
+    forms: list[Literal["cloze", "letters"]] | None = None
+    # a line before the few-shot examples and the question (lm-eval's `description`); presets whose
+    # records name a subject (MMLU, MMLU-Pro) set it per record unless this is given
+    description: str | None = None
+    # acc_norm: log-likelihood per character of the choice (lm-eval); acc_bytes: per UTF-8 byte
+    cloze_metric: Literal["acc", "acc_norm", "acc_bytes", "prob_correct"] = "acc_norm"
     letters_metric: Literal["acc", "prob_correct"] = "acc"
     # `olmes`: the better of the forms per model; `prob_correct`: the cloze form's gold probability,
     # a likelihood metric for tiny proxies whose accuracies sit at chance
@@ -85,7 +91,7 @@ class TaskConfig(BaseModel):
         want = PRESETS[self.preset].format
         if want is not None and want != self.format:
             raise ValueError(f"preset {self.preset!r} is for format {want!r}, the task says {self.format!r}")
-        if self.format == "multiple_choice" and not self.forms:
+        if self.format == "multiple_choice" and self.forms is not None and not self.forms:
             raise ValueError("a multiple_choice task needs at least one form")
         return self
 
@@ -192,6 +198,11 @@ def read_records(source: DataSource) -> list[dict[str, Any]]:
 
 
 # ---- presets: raw record -> canonical document --------------------------------------------------
+#
+# The lm-evaluation-harness presets reproduce the harness's task definitions (lm_eval/tasks/*.yaml
+# and their utils.py, v0.4): the same fields of the public dataset layouts, label conventions,
+# preprocessing, prompt (`doc_to_text`), choices (`doc_to_choice`), target delimiter and
+# description line. A test scores each against lm_eval itself (tests/proxy_eval/test_lm_eval_parity.py).
 
 class Preset(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -201,6 +212,15 @@ class Preset(BaseModel):
     letters_template: str = "Question: {query}\n{options}Answer:"
     stop: list[str] = Field(default_factory=list)
     program: Literal["prompt+completion", "completion"] = "prompt+completion"
+    forms: list[Literal["cloze", "letters"]] = Field(default_factory=lambda: ["cloze", "letters"])
+    target_delimiter: str = " "        # between the prompt and a choice / target (lm-eval's default)
+    # generate: how the answer is read from a generation and compared; None = Puro's postprocessor
+    # (proxy_eval.extract); else the harness filter (regex, first match) and exact_match options
+    answer_regex: str | None = None
+    match_ignore: list[str] = Field(default_factory=list)
+    match_ignore_case: bool = False
+    match_ignore_punctuation: bool = False
+    fewshot_target: Literal["solution", "answer"] = "solution"
 
 
 def _get(rec: dict[str, Any], fields: dict[str, str], key: str, default: Any = ...) -> Any:
@@ -216,16 +236,18 @@ def _get(rec: dict[str, Any], fields: dict[str, str], key: str, default: Any = .
     return node
 
 
-def _gold_index(gold: Any, choices: list[str], labels: list[str] | None = None) -> int:
+def _gold_index(gold: Any, choices: list[str], labels: list[str] | None = None, base: int = 0) -> int:
+    """A gold answer as a 0-based choice index: a label from `labels`, a digit string or int
+    (`base` 1 for 1-based layouts such as SIQA's), a letter, or the choice text itself."""
     if isinstance(gold, bool):
         return int(gold)
     if isinstance(gold, int):
-        return gold
+        return gold - base
     g = str(gold).strip()
     if labels and g in labels:
         return labels.index(g)
     if g.isdigit():
-        return int(g)
+        return int(g) - base
     if len(g) == 1 and g.upper() in LETTERS[:len(choices)]:
         return LETTERS.index(g.upper())
     if g in choices:
@@ -233,7 +255,7 @@ def _gold_index(gold: Any, choices: list[str], labels: list[str] | None = None) 
     raise ValueError(f"cannot map gold answer {gold!r} onto {len(choices)} choices")
 
 
-def _canonical(rec: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+def _canonical(rec: dict[str, Any], fields: dict[str, str], base: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("query", "choices", "gold", "question", "answer", "solution", "prompt", "test", "entry_point", "text"):
         val = _get(rec, fields, key, None)
@@ -241,11 +263,20 @@ def _canonical(rec: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
             out[key] = val
     if "choices" in out:
         out["choices"] = [str(c) for c in out["choices"]]
-        out["gold"] = _gold_index(out.get("gold"), out["choices"])
+        out["gold"] = _gold_index(out.get("gold"), out["choices"], base=base)
     if "answer" in out:
         out["answer"] = str(out["answer"])
         out.setdefault("solution", out["answer"])
     return out
+
+
+def _canonical_1based(rec, fields):
+    return _canonical(rec, fields, base=1)
+
+
+def letter_options(choices: list[str], indent: str = " ") -> str:
+    """` A. x\n B. y\n` (the OLMES letters form), or with indent "" the harness's `A. x\nB. y\n`."""
+    return "".join(f"{indent}{LETTERS[i]}. {c}\n" for i, c in enumerate(choices))
 
 
 def _arc(rec, fields):
@@ -254,29 +285,103 @@ def _arc(rec, fields):
             "gold": _gold_index(rec["answerKey"], choices, [str(x) for x in rec["choices"]["label"]])}
 
 
+def hellaswag_preprocess(text: str) -> str:
+    """lm-eval's hellaswag `preprocess`: WikiHow's `[title]` becomes a sentence break, other
+    bracketed artifacts go, double spaces collapse."""
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
 def _hellaswag(rec, fields):
     ctx = rec["ctx_a"] + " " + rec["ctx_b"].capitalize() if "ctx_a" in rec else rec["ctx"]
-    ctx = re.sub(r"\[.*?\]", "", ctx.replace(" [title]", ". ")).replace("  ", " ").strip()
-    return {"query": ctx, "choices": [str(e) for e in rec["endings"]], "gold": int(rec["label"])}
+    if rec.get("activity_label"):
+        ctx = rec["activity_label"] + ": " + ctx
+    return {"query": hellaswag_preprocess(ctx), "choices": [hellaswag_preprocess(str(e)) for e in rec["endings"]],
+            "gold": int(rec["label"])}
 
 
 def _piqa(rec, fields):
     return {"query": rec["goal"], "choices": [rec["sol1"], rec["sol2"]], "gold": int(rec["label"])}
 
 
+def _siqa(rec, fields):
+    """Social IQa (`lighteval/siqa`, lm-eval `social_iqa`): labels are 1-based ("1".."3")."""
+    choices = [rec["answerA"], rec["answerB"], rec["answerC"]]
+    return {"query": f"{rec['context']} {rec['question']}", "choices": choices,
+            "gold": _gold_index(rec["label"], choices, base=1)}
+
+
+def _winogrande(rec, fields):
+    """WinoGrande partial scoring (lm-eval `winogrande`): each option fills the blank and is its own
+    context; the shared continuation is the sentence after the blank."""
+    sentence = rec["sentence"]
+    i = sentence.index("_")
+    contexts = [sentence[:i] + rec["option1"], sentence[:i] + rec["option2"]]
+    return {"query": sentence, "choices": contexts, "continuation": sentence[i + 1:].strip(),
+            "gold": {"1": 0, "2": 1}[str(rec["answer"])]}
+
+
 def _boolq(rec, fields):
+    """BoolQ in the `super_glue/boolq` layout (`label` 0 = no, 1 = yes, what lm-eval reads) or
+    google/boolq's (`answer` true/false)."""
+    gold = rec["label"] if "label" in rec else rec["answer"]
     return {"query": f"{rec['passage']}\nQuestion: {rec['question']}?", "choices": ["no", "yes"],
-            "gold": int(bool(rec["answer"]))}
+            "gold": int(gold) if not isinstance(gold, bool) else int(gold)}
+
+
+def _subject(rec) -> str:
+    return str(rec.get("subject", "")).replace("_", " ")
+
+
+def _mmlu_continuation(rec, fields):
+    """lm-eval `mmlu_<subject>_continuation`: cloze over the choice texts, with the subject line."""
+    choices = [str(c) for c in rec["choices"]]
+    out = {"query": rec["question"].strip(), "choices": choices, "gold": _gold_index(rec["answer"], choices)}
+    if rec.get("subject"):
+        out["description"] = f"The following are questions (with answers) about {_subject(rec)}.\n\n"
+    return out
 
 
 def _mmlu(rec, fields):
-    choices = [str(c) for c in rec["choices"]]
-    return {"query": rec["question"].strip(), "choices": choices, "gold": _gold_index(rec["answer"], choices)}
+    """lm-eval `mmlu_<subject>`: the options listed in the prompt, the letters A-D as the choices."""
+    texts = [str(c) for c in rec["choices"]]
+    letters = list(LETTERS[:len(texts)])
+    out = {"query": rec["question"].strip(), "options": letter_options(texts, indent=""), "choices": letters,
+           "gold": _gold_index(rec["answer"], texts)}
+    if rec.get("subject"):
+        out["description"] = f"The following are multiple choice questions (with answers) about {_subject(rec)}.\n\n"
+    return out
+
+
+def _lettered_zh(question: str, answer: str):
+    def convert(rec, fields):
+        texts = [str(rec[k]) for k in "ABCD"]
+        return {"query": str(rec[question]).strip(), "options": letter_options(texts, indent=""),
+                "choices": list("ABCD"), "gold": "ABCD".index(str(rec[answer]).strip())}
+    return convert
+
+
+def _mmlu_pro(rec, fields):
+    """lm-eval `mmlu_pro_<category>` (generative, chain of thought): `format_cot_example` of the
+    harness's utils.py; the answer is the letter after "the answer is"."""
+    opts = "".join(f"{LETTERS[i]}. {o.strip()}\n" for i, o in enumerate(rec["options"][:10]))
+    cot = str(rec.get("cot_content") or "").replace("A: Let's think step by step. ", "")
+    out = {"question": "Question:\n" + rec["question"] + "\nOptions:\n" + opts + "Answer: Let's think step by step.",
+           "answer": str(rec["answer"]), "solution": cot}
+    if rec.get("category"):
+        out["description"] = (f"The following are multiple choice questions (with answers) about {rec['category']}. "
+                              "Think step by step and then finish your answer with \"the answer is (X)\" where X is "
+                              "the correct letter choice.\n")
+    return out
+
+
+def _bbh(rec, fields):
+    return {"question": rec["input"], "answer": str(rec["target"]), "solution": str(rec["target"])}
 
 
 def _gsm8k(rec, fields):
-    solution = re.sub(r"<<.*?>>", "", rec["answer"])
-    return {"question": rec["question"], "answer": gsm8k_gold(rec["answer"]), "solution": solution}
+    return {"question": rec["question"], "answer": gsm8k_gold(rec["answer"]), "solution": rec["answer"]}
 
 
 def _math(rec, fields):
@@ -303,23 +408,39 @@ def _text(rec, fields):
     return {"text": str(_get(rec, fields, "text"))}
 
 
+_CLOZE = ["cloze"]
 PRESETS: dict[str, Preset] = {
     "canonical": Preset(format=None, convert=_canonical, template=""),
+    "canonical_1based": Preset(format=None, convert=_canonical_1based, template=""),
+    # lm-evaluation-harness task definitions
     "arc": Preset(format="multiple_choice", convert=_arc, template="Question: {query}\nAnswer:"),
     "hellaswag": Preset(format="multiple_choice", convert=_hellaswag, template="{query}",
                         letters_template="{query}\n{options}Answer:"),
     "piqa": Preset(format="multiple_choice", convert=_piqa, template="Question: {query}\nAnswer:"),
+    "siqa": Preset(format="multiple_choice", convert=_siqa, template="Q: {query}\nA:",
+                   letters_template="Q: {query}\n{options}A:"),
+    "winogrande": Preset(format="multiple_choice", convert=_winogrande, template="{query}", forms=_CLOZE),
     "boolq": Preset(format="multiple_choice", convert=_boolq, template="{query}\nAnswer:",
                     letters_template="{query}\n{options}Answer:"),
-    "mmlu": Preset(format="multiple_choice", convert=_mmlu, template="Question: {query}\nAnswer:"),
+    "mmlu": Preset(format="multiple_choice", convert=_mmlu, template="{query}\n{options}Answer:", forms=_CLOZE),
+    "mmlu_continuation": Preset(format="multiple_choice", convert=_mmlu_continuation,
+                                template="Question: {query}\nAnswer:"),
+    "cmmlu": Preset(format="multiple_choice", convert=_lettered_zh("Question", "Answer"),
+                    template="{query}\n{options}答案：", forms=_CLOZE),
+    "ceval": Preset(format="multiple_choice", convert=_lettered_zh("question", "answer"),
+                    template="{query}\n{options}答案：", forms=_CLOZE),
+    "mmlu_pro": Preset(format="generate", convert=_mmlu_pro, template="{question}", stop=["Question:"],
+                       answer_regex=r"answer is \(?([ABCDEFGHIJ])\)?", match_ignore_case=True,
+                       match_ignore_punctuation=True),
+    "bbh": Preset(format="generate", convert=_bbh, template="Q: {question}\nA:", stop=["</s>", "Q:", "<|im_end|>"],
+                  answer_regex="", match_ignore=[r"\.$", ",", "\n", "\\\\", '"'], match_ignore_case=True),
     "gsm8k": Preset(format="generate", convert=_gsm8k, template="Question: {question}\nAnswer:",
-                    stop=["\n\nQuestion:", "Question:", "\n\n\n"]),
-    "math": Preset(format="generate", convert=_math, template="Problem: {question}\nSolution:",
-                   stop=["\n\nProblem:", "Problem:"]),
+                    stop=["Question:", "</s>", "<|im_end|>"]),
+    "math": Preset(format="generate", convert=_math, template="Problem: {question}\nAnswer:", stop=["Problem:"]),
     "humaneval": Preset(format="code", convert=_humaneval, template="{prompt}",
-                        stop=["\nclass ", "\ndef ", "\n#", "\nif __name__", "\nprint("]),
-    "mbpp": Preset(format="code", convert=_mbpp, template="{prompt}", stop=["[DONE]", "\n[BEGIN]", "\n\n\n"],
-                   program="completion"),
+                        stop=["\nclass", "\ndef", "\n#", "\nif", "\nprint"]),
+    "mbpp": Preset(format="code", convert=_mbpp, template="{prompt}", stop=["[DONE]"], program="completion",
+                   target_delimiter=""),
     "text": Preset(format="bits_per_byte", convert=_text),
 }
 _DEFAULT_TEMPLATES = {"multiple_choice": "Question: {query}\nAnswer:", "generate": "Question: {question}\nAnswer:",
@@ -365,10 +486,19 @@ class LoadedTask(BaseModel):
         return self.config.template or self.preset.template or _DEFAULT_TEMPLATES[self.config.format]
 
     @property
+    def forms(self) -> list[str]:
+        return list(self.config.forms if self.config.forms is not None else self.preset.forms)
+
+    @property
     def stop(self) -> list[str]:
         if self.config.stop is not None:
             return self.config.stop
         return self.preset.stop or _DEFAULT_STOPS.get(self.config.format, [])
+
+    def description(self, doc: dict[str, Any]) -> str:
+        if self.config.description is not None:
+            return self.config.description
+        return str(doc.get("description", ""))
 
 
 def load_task(task: TaskConfig) -> LoadedTask:
@@ -395,36 +525,52 @@ def load_task(task: TaskConfig) -> LoadedTask:
 
 # ---- prompts ---------------------------------------------------------------------------------
 
-def letter_options(choices: list[str]) -> str:
-    return "".join(f" {LETTERS[i]}. {c}\n" for i, c in enumerate(choices))
+def render(template: str, doc: dict[str, Any]) -> str:
+    """A prompt template filled from the document's fields (`{query}`, `{options}`, `{passage}`...)."""
+    try:
+        return template.format_map(doc)
+    except KeyError as e:
+        raise ContractError(f"document {doc.get('doc_id')}", f"the template names {e} but the document has only "
+                            f"{sorted(doc)}") from None
+
+
+FEWSHOT_DELIMITER = "\n\n"   # between examples (lm-eval's default)
 
 
 def mc_requests(task: LoadedTask, doc: dict[str, Any], form: str) -> list[tuple[str, str]]:
-    """(context, continuation) per choice. Cloze: the choice text after the prompt; letters: the
-    options listed in the prompt and the letter as the continuation."""
-    def render(d: dict[str, Any]) -> str:
+    """(context, continuation) per choice, as lm-eval builds them: description + few-shot
+    examples + prompt, and the target delimiter + choice. Cloze: the preset's prompt and each
+    choice; partial scoring (a document with a `continuation`, WinoGrande): each choice is a
+    context and the continuation is shared; letters: the options listed and the letter scored."""
+    delim = task.preset.target_delimiter
+
+    def prompt(d: dict[str, Any]) -> str:
         if form == "cloze":
-            return task.template.format(query=d["query"])
+            return render(task.template, d)
         lt = task.config.letters_template or task.preset.letters_template
-        return lt.format(query=d["query"], options=letter_options(d["choices"]))
+        return render(lt, {**d, "options": letter_options(d["choices"])})
 
-    def answer(d: dict[str, Any], i: int) -> str:
-        return f" {d['choices'][i]}" if form == "cloze" else f" {LETTERS[i]}"
+    def pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
+        if form == "cloze" and "continuation" in d:
+            return [(c, delim + d["continuation"]) for c in d["choices"]]
+        answers = d["choices"] if form == "cloze" else [LETTERS[i] for i in range(len(d["choices"]))]
+        return [(prompt(d), delim + a) for a in answers]
 
-    shots = "".join(render(s) + answer(s, s["gold"]) + "\n\n" for s in task.fewshot)
-    context = shots + render(doc)
-    return [(context, answer(doc, i)) for i in range(len(doc["choices"]))]
+    shots = "".join("".join(pairs(s)[s["gold"]]) + FEWSHOT_DELIMITER for s in task.fewshot)
+    head = task.description(doc) + shots
+    return [(head + ctx, cont) for ctx, cont in pairs(doc)]
 
 
 def generate_prompt(task: LoadedTask, doc: dict[str, Any]) -> str:
-    shots = "".join(task.template.format(question=s["question"]) + " " + s.get("solution", s["answer"]).strip()
-                    + "\n\n" for s in task.fewshot)
-    return shots + task.template.format(question=doc["question"])
+    field = task.preset.fewshot_target
+    shots = "".join(render(task.template, s) + task.preset.target_delimiter + s.get(field, s["answer"]).strip()
+                    + FEWSHOT_DELIMITER for s in task.fewshot)
+    return task.description(doc) + shots + render(task.template, doc)
 
 
 def code_prompt(task: LoadedTask, doc: dict[str, Any]) -> str:
-    shots = "".join(task.template.format(prompt=s["prompt"]) + s.get("solution", "") + "\n\n" for s in task.fewshot)
-    return shots + task.template.format(prompt=doc["prompt"])
+    shots = "".join(render(task.template, s) + s.get("solution", "") + FEWSHOT_DELIMITER for s in task.fewshot)
+    return task.description(doc) + shots + render(task.template, doc)
 
 
 def code_program(task: LoadedTask, doc: dict[str, Any], completion: str) -> str:

@@ -238,15 +238,18 @@ def test_module_and_hf_adapters_agree_on_the_same_weights(tmp_path, tokenizer, t
 
 
 def test_loglikelihood_matches_a_manual_forward(tokenizer, tiny_qwen):
-    model = HFCausalLMScorer(tiny_qwen, tokenizer, max_length=128)
+    """Default (lm-eval): the context as the tokenizer encodes it, no prefix token; with
+    prefix_contexts (OLMES / shard convention): the end-of-text token first."""
     ctx, cont = "The cat sat on", " the mat"
-    [score] = model.loglikelihood([(ctx, cont)])
-    ids = [model.prefix_token_id] + tokenizer.encode(ctx + cont)
-    n_cont = len(ids) - 1 - len(tokenizer.encode(ctx))
-    with torch.no_grad():
-        logp = torch.log_softmax(tiny_qwen(input_ids=torch.tensor([ids])).logits[0].float(), -1)
-    manual = sum(float(logp[i - 1, ids[i]]) for i in range(len(ids) - n_cont, len(ids)))
-    assert score.n_tokens == n_cont and score.logprob == pytest.approx(manual, abs=1e-5)
+    for prefix_contexts in (False, True):
+        model = HFCausalLMScorer(tiny_qwen, tokenizer, max_length=128, prefix_contexts=prefix_contexts)
+        [score] = model.loglikelihood([(ctx, cont)])
+        ids = [model.prefix_token_id] * prefix_contexts + tokenizer.encode(ctx + cont)
+        n_cont = len(ids) - prefix_contexts - len(tokenizer.encode(ctx))
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny_qwen(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        manual = sum(float(logp[i - 1, ids[i]]) for i in range(len(ids) - n_cont, len(ids)))
+        assert score.n_tokens == n_cont and score.logprob == pytest.approx(manual, abs=1e-5)
 
 
 def test_results_files_are_byte_identical_across_runs(tmp_path, tokenizer, tiny_qwen):
