@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 
 from common.log import get_logger
 from synth.cache import ResponseCache, cache_key
-from synth.client import ChatClient, ChatRequest, ChatResult, RequestRejected, TeacherConfig
+from synth.client import ChatClient, ChatRequest, ChatResult, EndpointPool, RequestRejected, TeacherConfig
 from synth.toolcalls import hermes_server_parse
 
 log = get_logger("synth.backends")
@@ -35,9 +35,9 @@ class Backend(Protocol):
 
 
 class HttpBackend:
-    def __init__(self, cfg: TeacherConfig, seed: int = 0):
+    def __init__(self, cfg: TeacherConfig, seed: int = 0, pool: EndpointPool | None = None):
         self.cfg = cfg
-        self.client = ChatClient(cfg, seed=seed)
+        self.client = ChatClient(cfg, seed=seed, pool=pool)
 
     async def start(self) -> None:
         await self.client.wait_ready()
@@ -385,10 +385,12 @@ async def tool_support(backend: Any) -> ToolSupport:
 
 
 def make_backend(cfg: TeacherConfig, cache: ResponseCache | None, seed: int = 0,
-                 llm_factory: Callable[[], Any] | None = None) -> Any:
+                 llm_factory: Callable[[], Any] | None = None, pool: EndpointPool | None = None) -> Any:
+    """The backend of one teacher role; roles given the same `pool` share each endpoint's
+    limiter, breaker and Retry-After window."""
     inner: Any
     if cfg.backend == "openai":
-        inner = HttpBackend(cfg, seed=seed)
+        inner = HttpBackend(cfg, seed=seed, pool=pool)
     elif cfg.backend == "vllm":
         inner = VllmBackend(cfg, llm_factory=llm_factory)
     else:

@@ -30,7 +30,10 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.log import get_logger
 from synth.toolcalls import ToolCallShapeError, normalize_tool_calls
+
+log = get_logger("synth.client")
 
 # ---------------------------------------------------------------------------------------------
 # Requests and results
@@ -440,6 +443,7 @@ class TeacherConfig(BaseModel):
     breaker_failures: int = 20
     breaker_cooldown_s: float = 10.0
     breaker_max_trips: int = 6           # ~1 min of total outage (6 cooldowns) before giving up
+    retry_after_max_s: float = 300.0     # Retry-After windows waited out per request (longer: a failure)
     ready_timeout_s: float = 120.0
     stream: bool = False
     constrained_output: str = "json_schema"  # json_schema | json_object | none
@@ -454,6 +458,34 @@ class TeacherConfig(BaseModel):
 # The async shell
 # ---------------------------------------------------------------------------------------------
 
+class Clock:
+    """Time as the client sees it (monotonic seconds); `ScaledClock` lets a test wait out a
+    75 s Retry-After window in under a second."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def real_s(self, s: float) -> float:
+        return s
+
+    async def sleep(self, s: float) -> None:
+        await asyncio.sleep(self.real_s(s))
+
+
+class ScaledClock(Clock):
+    """A clock running `1 / scale` times faster than the wall (scale 0.01: 75 s pass in 0.75 s)."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return self._t0 + (time.monotonic() - self._t0) / self.scale
+
+    def real_s(self, s: float) -> float:
+        return s * self.scale
+
+
 @dataclass
 class EndpointState:
     url: str
@@ -462,24 +494,62 @@ class EndpointState:
     inflight: int = 0
     n_ok: int = 0
     n_errors: dict[str, int] = field(default_factory=dict)
+    paused_until: float = 0.0              # a Retry-After window: no request goes there before it ends
+    n_waits: int = 0                       # Retry-After windows waited out
+    waited_s: float = 0.0
 
     def load(self) -> float:
         return self.inflight / max(1, self.limit.limit)
+
+    def pause(self, now: float, seconds: float) -> bool:
+        """Hold requests to this endpoint for `seconds`; True when this opens a new window."""
+        new = self.paused_until <= now
+        self.paused_until = max(self.paused_until, now + seconds)
+        if new:
+            self.n_waits += 1
+            self.waited_s += seconds
+        return new
+
+
+class EndpointPool:
+    """The endpoints of a run by URL: one AIMD limit, one breaker and one Retry-After window per
+    server, shared by every teacher role that sends to it (four roles on one server must not
+    send four times its in-flight cap, and a server that asks to wait is waited for by all).
+    The first teacher config naming a URL sets its limits."""
+
+    def __init__(self, clock: Clock | None = None):
+        self.clock = clock or Clock()
+        self.states: dict[str, EndpointState] = {}
+        self._cond: asyncio.Condition | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def state(self, url: str, cfg: "TeacherConfig") -> EndpointState:
+        url = url.rstrip("/")
+        if url not in self.states:
+            self.states[url] = EndpointState(url, AdaptiveLimit(cfg.initial_concurrency, cfg.min_concurrency,
+                                                                cfg.max_concurrency),
+                                             CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s,
+                                                            cfg.breaker_max_trips))
+        return self.states[url]
+
+    def cond(self) -> asyncio.Condition:
+        loop = asyncio.get_running_loop()
+        if self._cond is None or self._loop is not loop:
+            self._cond, self._loop = asyncio.Condition(), loop
+        return self._cond
 
 
 class ChatClient:
     """Async client for one teacher (`TeacherConfig`) over its endpoints."""
 
-    def __init__(self, cfg: TeacherConfig, seed: int = 0):
+    def __init__(self, cfg: TeacherConfig, seed: int = 0, pool: EndpointPool | None = None):
         if not cfg.endpoints:
             raise ValueError(f"teacher '{cfg.model}' has no endpoints (give --endpoint URL or teachers.<name>.endpoints)")
         self.cfg = cfg
-        self.endpoints = [EndpointState(u.rstrip("/"), AdaptiveLimit(cfg.initial_concurrency, cfg.min_concurrency,
-                                                                      cfg.max_concurrency),
-                                        CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s, cfg.breaker_max_trips))
-                          for u in cfg.endpoints]
+        self.pool = pool or EndpointPool()
+        self.clock = self.pool.clock
+        self.endpoints = [self.pool.state(u, cfg) for u in cfg.endpoints]
         self._rng = random.Random(seed)
-        self._cond: asyncio.Condition | None = None
         self._session: aiohttp.ClientSession | None = None
         self._rr = 0
         self.n_requests = 0
@@ -502,7 +572,6 @@ class ChatClient:
             conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30)
             self._session = aiohttp.ClientSession(connector=conn, headers=self._headers(),
                                                   timeout=aiohttp.ClientTimeout(total=None))
-            self._cond = asyncio.Condition()
         return self._session
 
     async def close(self) -> None:
@@ -577,12 +646,12 @@ class ChatClient:
     # ---- endpoint choice ---------------------------------------------------------------------
     async def _acquire(self) -> EndpointState:
         self._sess()
-        assert self._cond is not None
-        async with self._cond:
+        cond = self.pool.cond()
+        async with cond:
             while True:
-                now = time.monotonic()
+                now = self.clock.now()
                 free = [ep for ep in self.endpoints
-                        if ep.breaker.allow(now) and ep.inflight < ep.limit.limit]
+                        if ep.paused_until <= now and ep.breaker.allow(now) and ep.inflight < ep.limit.limit]
                 if free:
                     # least loaded first; round-robin among ties spreads a cold start evenly
                     self._rr += 1
@@ -594,8 +663,9 @@ class ChatClient:
                 if all(ep.breaker.exhausted for ep in self.endpoints):
                     raise CircuitOpenError(self._breaker_report())
                 waits = [ep.breaker.open_until - now for ep in self.endpoints if ep.breaker.state(now) == "open"]
+                waits += [ep.paused_until - now for ep in self.endpoints if ep.paused_until > now]
                 try:
-                    await asyncio.wait_for(self._cond.wait(), timeout=max(0.05, min(waits)) if waits else None)
+                    await asyncio.wait_for(cond.wait(), timeout=max(0.01, self.clock.real_s(min(waits))) if waits else None)
                 except asyncio.TimeoutError:
                     pass
 
@@ -609,10 +679,10 @@ class ChatClient:
     async def _release(self, ep: EndpointState, woken: int = 1) -> None:
         """Free a slot and wake `woken` waiters (one per freed or added slot: waking every
         waiter on each release is quadratic when thousands of requests are queued)."""
-        assert self._cond is not None
-        async with self._cond:
+        cond = self.pool.cond()
+        async with cond:
             ep.inflight -= 1
-            self._cond.notify(woken)
+            cond.notify(woken)
 
     # ---- one attempt -------------------------------------------------------------------------
     async def _attempt(self, ep: EndpointState, req: ChatRequest) -> ChatResult:
@@ -717,7 +787,9 @@ class ChatClient:
         """One chat completion with retries over the endpoints; raises `RetriesExhausted`,
         `RequestRejected` (a 4xx: fix the request) or `CircuitOpenError`."""
         last: EndpointError | None = None
-        for attempt in range(self.cfg.max_retries + 1):
+        attempt = 0
+        waited = 0.0
+        while attempt <= self.cfg.max_retries:
             ep = await self._acquire()
             epoch = ep.limit.epoch
             t0 = time.perf_counter()
@@ -725,19 +797,30 @@ class ChatClient:
                 res = await self._attempt(ep, req)
             except EndpointError as e:
                 await self._release(ep)
-                now = time.monotonic()
+                now = self.clock.now()
                 kind = type(e).__name__
                 ep.n_errors[kind] = ep.n_errors.get(kind, 0) + 1
                 if isinstance(e, ThrottledError):
                     ep.limit.on_throttle(epoch)
                 if not e.retryable:
                     raise
+                wait = e.retry_after_s
+                if wait is not None and waited + wait <= self.cfg.retry_after_max_s:
+                    # the server named its window: wait it out (every role on this endpoint), without
+                    # counting it as a failure or an attempt, up to retry_after_max_s per request
+                    waited += wait
+                    ep.breaker.probe_in_flight = False
+                    if ep.pause(now, wait):
+                        log.warning("%s asks to wait %.0f s (Retry-After, HTTP %s): holding its requests until then "
+                                    "(retry_after_max_s=%g)", ep.url, wait, e.status, self.cfg.retry_after_max_s)
+                    continue
                 ep.breaker.on_failure(now, str(e))
                 last = e
                 self.n_retries += 1
                 if attempt < self.cfg.max_retries:
-                    await asyncio.sleep(backoff_delay_s(attempt, self.cfg.backoff_base_s, self.cfg.backoff_max_s,
-                                                        self._rng, e.retry_after_s))
+                    await self.clock.sleep(backoff_delay_s(attempt, self.cfg.backoff_base_s, self.cfg.backoff_max_s,
+                                                           self._rng, e.retry_after_s))
+                attempt += 1
                 continue
             except BaseException:
                 await self._release(ep)
@@ -760,5 +843,6 @@ class ChatClient:
         return {"n_requests": self.n_requests, "n_retries": self.n_retries,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "endpoints": {ep.url: {"ok": ep.n_ok, "errors": dict(ep.n_errors), "limit": ep.limit.limit,
-                                       "limit_decreases": ep.limit.n_decreases, "breaker_trips": ep.breaker.n_trips}
+                                       "limit_decreases": ep.limit.n_decreases, "breaker_trips": ep.breaker.n_trips,
+                                       "retry_after_waits": ep.n_waits, "retry_after_waited_s": round(ep.waited_s, 3)}
                               for ep in self.endpoints}}

@@ -36,7 +36,7 @@ from common.log import get_logger
 from common.manifest import RunManifest
 from synth.backends import make_backend
 from synth.cache import ResponseCache
-from synth.client import CircuitOpenError, RequestRejected, TeacherConfig
+from synth.client import CircuitOpenError, Clock, EndpointPool, RequestRejected, TeacherConfig
 from synth.decontam import EvalIndex, build_eval_index
 from synth.pipeline import POST_STEPS, STEPS, GeneratorConfig, PostStep, Row, RowError, Step
 from common.records import validate_record
@@ -68,8 +68,8 @@ class SynthRunManifest(RunManifest):
 # restarted server on another port, or with more endpoints.
 OPERATIONAL_TEACHER_KEYS = ("endpoints", "api_key_env", "initial_concurrency", "min_concurrency", "max_concurrency",
                             "timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "breaker_failures",
-                            "breaker_cooldown_s", "breaker_max_trips", "ready_timeout_s", "stream")
-OPERATIONAL_OUTPUT_KEYS = ("max_inflight_rows", "max_error_rows")
+                            "breaker_cooldown_s", "breaker_max_trips", "ready_timeout_s", "stream", "retry_after_max_s")
+OPERATIONAL_OUTPUT_KEYS = ("max_inflight_rows", "max_error_rows", "check_workers")
 
 
 def run_identity(cfg_dump: dict[str, Any]) -> str:
@@ -86,8 +86,10 @@ def run_identity(cfg_dump: dict[str, Any]) -> str:
 class RunEnv:
     """What steps see of the run: the config, the seed, teacher backends, shared indexes."""
 
-    def __init__(self, generator: GeneratorConfig, cache: ResponseCache | None, llm_factory: Any = None):
+    def __init__(self, generator: GeneratorConfig, cache: ResponseCache | None, llm_factory: Any = None,
+                 clock: Clock | None = None):
         self.generator = generator
+        self.endpoints = EndpointPool(clock)      # one limiter, breaker and Retry-After window per URL
         self.seed = generator.seed
         self._backends: dict[str, Any] = {}
         self._cache = cache
@@ -101,7 +103,7 @@ class RunEnv:
                 raise ValueError(f"generator '{self.generator.generator}' has no teacher '{role}' "
                                  f"(teachers: {', '.join(self.generator.teachers) or 'none'})")
             self._backends[role] = make_backend(self.generator.teachers[role], self._cache, seed=self.seed,
-                                                llm_factory=self._llm_factory)
+                                                llm_factory=self._llm_factory, pool=self.endpoints)
         return self._backends[role]
 
     async def endpoint_info(self, role: str) -> dict[str, Any]:
@@ -119,6 +121,11 @@ class RunEnv:
     async def close(self) -> None:
         for b in self._backends.values():
             await b.close()
+
+    def any_answered(self) -> bool:
+        """Whether any endpoint of this run has answered a request (or the cache has)."""
+        return any(st.n_ok for st in self.endpoints.states.values()) or \
+            any(getattr(b, "n_cached", 0) for b in self._backends.values())
 
     def backend_stats(self) -> dict[str, Any]:
         return {role: b.stats() for role, b in self._backends.items()}
@@ -311,7 +318,7 @@ def journal_identity(path: Path) -> str | None:
 
 async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: bool = False,
                     restart_if_changed: bool = False, progress: bool = True, llm_factory: Any = None,
-                    stop_after_rows: int | None = None) -> RunResult:
+                    stop_after_rows: int | None = None, clock: Clock | None = None) -> RunResult:
     """Run (or resume) `cfg` into `out_dir`. `fresh` forgets finished prompts; `restart_if_changed`
     does so only when the directory holds a run of another config (a pipeline stage that reruns
     after its config changed), instead of refusing. The request cache is kept either way."""
@@ -341,7 +348,7 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
                             f"(e.g. {sorted(unknown)[0]}); the input changed: use --fresh")
     pending = [r for r in rows if r.id not in done]
     cache = ResponseCache(out / "cache.sqlite")
-    env = RunEnv(cfg, cache, llm_factory=llm_factory)
+    env = RunEnv(cfg, cache, llm_factory=llm_factory, clock=clock)
     steps, posts = build_steps(cfg, env)
     journal = Journal(journal_path, chash)
     prog = Progress(total=len(pending), enabled=progress)
@@ -360,15 +367,17 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
                 return
             try:
                 await _process(row, steps)
-            except RowError as e:
-                errors.append(str(e))
+            except (RowError, CircuitOpenError, RequestRejected) as e:
+                if isinstance(e, RequestRejected) and not env.any_answered():
+                    fatal = e            # rejected before anything was answered: the config is wrong, stop
+                    return
+                # this prompt failed for this run (a request rejected for its content, retries spent,
+                # or the endpoint's breaker open): not journaled, so the next run retries it
+                errors.append(f"prompt {row.id}: {e}" if not isinstance(e, RowError) else str(e))
                 prog.errors += 1
                 if cfg.output.max_error_rows is not None and len(errors) > cfg.output.max_error_rows:
                     fatal = RuntimeError(f"{len(errors)} prompts failed for good (max_error_rows="
                                          f"{cfg.output.max_error_rows}); first: {errors[0]}")
-                return
-            except (CircuitOpenError, RequestRejected) as e:
-                fatal = e
                 return
             journal.append(row)
             n_finished += 1

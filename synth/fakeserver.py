@@ -9,6 +9,7 @@ benchmark (`benchmarks/synth_client.py`, where it runs in its own process) and t
 profile when no vLLM environment is built.
 
     python -m synth.fakeserver --port 0 [--responder echo|arithmetic] [--latency-ms 0]
+    python -m synth.fakeserver --port 8000 --model teacher --responder scripted --script synth/scripts/teacher.yaml
 
 prints `listening on http://127.0.0.1:PORT/v1` once it accepts connections.
 
@@ -39,8 +40,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Literal
 
+from pydantic import model_validator
+
+from common.config import StrictModel, load_yaml, validate
 from synth.toolcalls import hermes_server_parse
 
 FAULT_KINDS = ("429", "500", "503", "timeout", "malformed", "truncate", "drop", "400", "404")
@@ -57,13 +62,16 @@ class Fault:
     fraction: float | None = None       # hash-selected share of distinct bodies (all their attempts)
     contains: str | None = None         # only bodies containing this substring
     delay_s: float = 30.0               # for "timeout": how long to hang before closing
-    retry_after_s: float | None = None  # for "429": the Retry-After header
+    retry_after_s: float | None = None  # for "429" / "503": the Retry-After header
+    window_s: float | None = None       # only during the first window_s seconds after the server started
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; known: {', '.join(FAULT_KINDS)}")
 
-    def matches(self, n: int, attempt: int, body_key: str, body: bytes) -> bool:
+    def matches(self, n: int, attempt: int, body_key: str, body: bytes, age_s: float = 0.0) -> bool:
+        if self.window_s is not None and age_s >= self.window_s:
+            return False
         if self.contains is not None and self.contains.encode() not in body:
             return False
         if self.first_n is not None and n >= self.first_n:
@@ -125,6 +133,80 @@ def arithmetic_responder(req: dict[str, Any]) -> str:
 RESPONDERS: dict[str, Responder] = {"echo": echo_responder, "arithmetic": arithmetic_responder}
 
 
+class ScriptRule(StrictModel):
+    """One rule of a script: when `match` (a regular expression, searched in the last user message,
+    or the system message, or both) is found, answer with `reply` text and/or `tool_calls`
+    (`{name, arguments}`), `reasoning_content` (as a reasoning parser splits it off), or hand the
+    request to a built-in `responder` (arithmetic, echo)."""
+
+    match: str = ""
+    # where to search: the last user message, the system message, the last message of any role
+    # (a tool result), the request's tool definitions (JSON), or system + last user
+    where: Literal["user", "system", "last", "tools", "any"] = "user"
+    tools: bool | None = None               # only requests with (true) / without (false) tools
+    reply: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    responder: str | None = None
+    name: str = ""
+
+    @model_validator(mode="after")
+    def _one_answer(self) -> "ScriptRule":
+        if self.reply is None and self.tool_calls is None and self.responder is None:
+            raise ValueError("a rule needs reply, tool_calls or responder")
+        if self.responder is not None and self.responder not in RESPONDERS:
+            raise ValueError(f"unknown responder {self.responder!r} (known: {', '.join(sorted(RESPONDERS))})")
+        re.compile(self.match)
+        return self
+
+
+class Script(StrictModel):
+    """`python -m synth.fakeserver --responder scripted --script FILE`: a YAML file of rules, the
+    first match answers; requests no rule matches get `default`."""
+
+    rules: list[ScriptRule]
+    default: str = "I do not know."
+
+
+class ScriptedResponder:
+    """A teacher that answers from a `Script`; `hits` counts what each rule answered."""
+
+    def __init__(self, script: Script):
+        self.script = script
+        self._patterns = [re.compile(r.match, re.S) for r in script.rules]
+        self.hits: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ScriptedResponder":
+        return cls(validate(Script, load_yaml(path), path))
+
+    def __call__(self, req: dict[str, Any]) -> str | dict[str, Any]:
+        msgs = req.get("messages") or []
+        user = next((str(m.get("content") or "") for m in reversed(msgs) if m.get("role") == "user"), "")
+        system = next((str(m.get("content") or "") for m in msgs if m.get("role") == "system"), "")
+        for i, (rule, pat) in enumerate(zip(self.script.rules, self._patterns)):
+            if rule.tools is not None and bool(req.get("tools")) != rule.tools:
+                continue
+            hay = {"user": user, "system": system, "any": system + "\n" + user,
+                   "last": str((msgs[-1].get("content") if msgs else "") or ""),
+                   "tools": json.dumps(req.get("tools") or [])}[rule.where]
+            if not pat.search(hay):
+                continue
+            with self._lock:
+                key = rule.name or f"rule {i}"
+                self.hits[key] = self.hits.get(key, 0) + 1
+            if rule.responder is not None:
+                return RESPONDERS[rule.responder](req)
+            out: dict[str, Any] = {"content": rule.reply}
+            if rule.tool_calls is not None:
+                out["tool_calls"] = rule.tool_calls
+            if rule.reasoning_content is not None:
+                out["reasoning_content"] = rule.reasoning_content
+            return out
+        return self.script.default
+
+
 @dataclass
 class ServerStats:
     n_requests: int = 0
@@ -137,7 +219,8 @@ class FakeOpenAIServer:
 
     def __init__(self, responder: Responder | str = "echo", faults: list[Fault] | None = None,
                  model: str = "fake-teacher", host: str = "127.0.0.1", port: int = 0,
-                 latency_s: float = 0.0, record_bodies: bool = True, tool_calling: bool = True):
+                 latency_s: float = 0.0, record_bodies: bool = True, tool_calling: bool = True,
+                 served_info: dict[str, Any] | None = None):
         self.responder: Responder = RESPONDERS[responder] if isinstance(responder, str) else responder
         self.faults = list(faults or [])
         self.model = model
@@ -153,6 +236,8 @@ class FakeOpenAIServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        self.served_info = dict(served_info or {})
+        self._t0 = time.monotonic()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     @property
@@ -241,7 +326,16 @@ class FakeOpenAIServer:
 
     async def _dispatch(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
         if method == "GET" and path in ("/v1/models", "/models"):
-            data = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "purokit-fake"}]}
+            owner = self.served_info.get("owned_by", "purokit-fake")
+            data = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": owner}]}
+            writer.write(self._response(200, json.dumps(data).encode()))
+            await writer.drain()
+            return True
+        if method == "GET" and path in ("/version", "/server_info") and self.served_info:
+            # what `vllm serve` reports about itself (/server_info: with VLLM_SERVER_DEV_MODE=1)
+            info = self.served_info
+            data = ({"version": info.get("version", "0")} if path == "/version" else
+                    {"vllm_config": {"model_config": {k: info[k] for k in ("dtype", "logprobs_mode") if k in info}}})
             writer.write(self._response(200, json.dumps(data).encode()))
             await writer.drain()
             return True
@@ -260,7 +354,8 @@ class FakeOpenAIServer:
             self.stats.n_requests += 1
             attempt = self._attempts.get(key, 0)
             self._attempts[key] = attempt + 1
-        fault = next((f for f in self.faults if f.matches(n, attempt, key, body)), None)
+        age = time.monotonic() - self._t0
+        fault = next((f for f in self.faults if f.matches(n, attempt, key, body, age)), None)
         try:
             req = json.loads(body)
         except json.JSONDecodeError:
@@ -297,7 +392,7 @@ class FakeOpenAIServer:
     async def _fault(self, fault: Fault, req: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         k = fault.kind
         if k in ("429", "500", "503", "400", "404"):
-            extra = {"retry-after": f"{fault.retry_after_s:g}"} if (k == "429" and fault.retry_after_s is not None) else None
+            extra = {"retry-after": f"{fault.retry_after_s:g}"} if (k in ("429", "503") and fault.retry_after_s is not None) else None
             msg = {"error": {"message": f"scripted fault {k}", "type": "fault", "code": int(k)}}
             writer.write(self._response(int(k), json.dumps(msg).encode(), extra=extra))
             await writer.drain()
@@ -387,6 +482,9 @@ class FakeOpenAIServer:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
             message["tool_calls"] = calls
+        for f in ("reasoning_content", "reasoning"):    # a reasoning parser's split-off thinking
+            if ans.get(f):
+                message[f] = ans[f]
         choice: dict[str, Any] = {"index": 0, "message": message,
                                   "finish_reason": finish, "logprobs": self._logprobs(req, tokens)}
         resp: dict[str, Any] = {
@@ -412,6 +510,13 @@ class FakeOpenAIServer:
             return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
         lp = full["choices"][0].get("logprobs")
+        message = full["choices"][0]["message"]
+        for f in ("reasoning_content", "reasoning"):       # thinking streams first, in pieces
+            thought = message.get(f) or ""
+            for j in range(0, len(thought), 16):
+                writer.write(chunk(json.dumps({"id": full["id"], "object": "chat.completion.chunk", "model": self.model,
+                                               "choices": [{"index": 0, "delta": {f: thought[j:j + 16]},
+                                                            "finish_reason": None}]})))
         for i, t in enumerate(tokens):
             if truncate and i >= max(1, len(tokens) // 2):
                 await writer.drain()
@@ -502,13 +607,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--model", default="fake-teacher")
-    ap.add_argument("--responder", default="echo", choices=sorted(RESPONDERS))
+    ap.add_argument("--responder", default="echo", choices=sorted(RESPONDERS) + ["scripted"])
+    ap.add_argument("--script", help="the YAML script of --responder scripted (rules: match -> reply, tool_calls, "
+                                     "reasoning_content)")
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--no-tool-calling", action="store_true", help="answer requests with tools as vLLM without a tool parser (400)")
     ap.add_argument("--fault", action="append", default=[],
                     help='a fault rule as JSON, e.g. \'{"kind": "429", "first_n": 100}\'')
     args = ap.parse_args(argv)
-    srv = FakeOpenAIServer(args.responder, [Fault(**json.loads(f)) for f in args.fault], model=args.model,
+    if (args.responder == "scripted") != bool(args.script):
+        ap.error("--responder scripted and --script FILE go together")
+    srv = FakeOpenAIServer(ScriptedResponder.from_file(args.script) if args.script else args.responder, [Fault(**json.loads(f)) for f in args.fault], model=args.model,
                            host=args.host, port=args.port, latency_s=args.latency_ms / 1000, record_bodies=False,
                            tool_calling=not args.no_tool_calling)
 
