@@ -2,23 +2,22 @@
 one source plus `manifest.json`.
 
 One writer (`finalize_component`) and one reader (`Component.open`). Spark jobs write their part
-files into a temporary directory and call `finalize_component`, which checks the schema, records
-every file's rows, bytes and sha256, writes the manifest, and renames the directory into place.
+files into an attempt directory (`common.storage.new_attempt`) and call `finalize_component`, which
+checks the schema, records every file's rows, bytes and sha256, writes the manifest, and commits
+the attempt: a rename on POSIX, the commit record on an object store (`common.storage`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
-from common import atomic
+from common import storage
 from common.document import DOCUMENT_SCHEMA_VERSION, schema_problems
 from common.errors import ContractError
 from common.hashing import sha256_file
@@ -52,8 +51,9 @@ class ComponentManifest(RunManifest):
     lineage: list[dict[str, Any]] = []          # earlier stages: {job, config_hash, code_version, manifest}
 
 
-def _parquet_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*.parquet") if not any(part.startswith((".", "_")) for part in p.relative_to(directory).parts))
+def _is_spark_junk(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return name == "_SUCCESS" or name.endswith(".crc")
 
 
 def finalize_component(
@@ -64,25 +64,26 @@ def finalize_component(
     """Turn a directory of freshly written Document parquet files into a component, atomically.
 
     `manifest_fields` holds everything except files/columns/n_docs, which are measured here.
-    Spark's `_SUCCESS` and `.crc` files are removed.
+    Spark's `_SUCCESS` and `.crc` files are removed. Paths may be local or object-store URLs.
     """
-    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    for junk in list(tmp_dir.rglob("_SUCCESS")) + list(tmp_dir.rglob("*.crc")):
-        junk.unlink()
-    files = _parquet_files(tmp_dir)
+    tmp_dir, final_dir = storage.path(tmp_dir), storage.path(final_dir)
+    for rel, _, _ in storage.list_files(tmp_dir, hidden=True):
+        if _is_spark_junk(rel):
+            storage.remove_tree(tmp_dir / rel)
+    files = [(rel, n_bytes) for rel, n_bytes, _ in storage.list_files(tmp_dir) if rel.endswith(".parquet")]
     schema: pa.Schema | None = None
     entries: list[ComponentFile] = []
     n_docs = 0
-    for f in files:
-        meta = pq.read_metadata(f)
+    for rel, n_bytes in files:
+        f = tmp_dir / rel
+        meta = storage.parquet_metadata(f)
         file_schema = meta.schema.to_arrow_schema()
         if schema is None:
             schema = file_schema
         problems = schema_problems(file_schema)
         if problems:
             raise ContractError(f, "not a Document file: " + "; ".join(problems))
-        entries.append(ComponentFile(path=f.relative_to(tmp_dir).as_posix(), n_rows=meta.num_rows,
-                                     n_bytes=f.stat().st_size, sha256=sha256_file(f)))
+        entries.append(ComponentFile(path=rel, n_rows=meta.num_rows, n_bytes=n_bytes, sha256=sha256_file(f)))
         n_docs += meta.num_rows
     if schema is None:
         raise ContractError(tmp_dir, "no parquet files were written")
@@ -93,41 +94,38 @@ def finalize_component(
         **manifest_fields,
     )
     manifest.write(tmp_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    if final_dir.exists():
-        old = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final_dir, old)
-        os.replace(tmp_dir, final_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp_dir, final_dir)
+    storage.commit(tmp_dir, final_dir, known_sha256={e.path: e.sha256 for e in entries})
     return manifest
 
 
 class Component:
-    """A validated, read-only view of a component directory."""
+    """A validated, read-only view of a component directory (local or on an object store).
 
-    def __init__(self, directory: Path, manifest: ComponentManifest):
+    `directory` is the component's name for lineage and errors; `root` is where its committed files
+    are (the directory itself on POSIX, its committed attempt on an object store)."""
+
+    def __init__(self, directory: Path, manifest: ComponentManifest, root: Path | None = None):
         self.directory = directory
         self.manifest = manifest
+        self.root = directory if root is None else root
 
     @classmethod
     def open(cls, directory: str | os.PathLike, verify_hashes: bool = False) -> "Component":
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise ContractError(directory, "component directory not found")
-        manifest = ComponentManifest.read(directory / MANIFEST_NAME)
+        directory = storage.path(directory)
+        root = storage.committed(directory)
+        if root is None:
+            raise ContractError(directory, "component directory not found (or nothing committed there)")
+        manifest = ComponentManifest.read(root / MANIFEST_NAME)
         for entry in manifest.files:
-            p = directory / entry.path
+            p = root / entry.path
             if not p.is_file():
-                raise ContractError(directory / MANIFEST_NAME, f"lists {entry.path}, which is missing", field="files")
+                raise ContractError(root / MANIFEST_NAME, f"lists {entry.path}, which is missing", field="files")
             size = p.stat().st_size
             if size != entry.n_bytes:
                 raise ContractError(p, f"is {size} bytes, the manifest says {entry.n_bytes} (truncated or rewritten)")
             if verify_hashes and sha256_file(p) != entry.sha256:
                 raise ContractError(p, "sha256 does not match the manifest (corrupted)")
-        return cls(directory, manifest)
+        return cls(directory, manifest, root)
 
     @property
     def name(self) -> str:
@@ -135,7 +133,7 @@ class Component:
 
     @property
     def paths(self) -> list[Path]:
-        return [self.directory / f.path for f in self.manifest.files]
+        return [self.root / f.path for f in self.manifest.files]
 
     @property
     def columns(self) -> list[str]:
@@ -144,10 +142,13 @@ class Component:
     def require_column(self, column: str, purpose: str = "") -> None:
         if column not in self.manifest.columns:
             why = f" ({purpose})" if purpose else ""
-            raise ContractError(self.directory / MANIFEST_NAME,
+            raise ContractError(self.root / MANIFEST_NAME,
                                 f"has no column '{column}'{why}; columns: {', '.join(self.columns)}", field="columns")
 
     def dataset(self) -> pads.Dataset:
+        if storage.is_remote(self.root):
+            fs, _ = storage.arrow_filesystem(self.root)
+            return pads.dataset([storage.filesystem(p)[1] for p in self.paths], format="parquet", filesystem=fs)
         return pads.dataset([str(p) for p in self.paths], format="parquet")
 
     def read(self, columns: list[str] | None = None) -> pa.Table:
@@ -156,4 +157,4 @@ class Component:
     def iter_batches(self, columns: list[str] | None = None, batch_size: int = 8192) -> Iterator[pa.RecordBatch]:
         """Stream the component in file order (the order recorded in the manifest)."""
         for p in self.paths:
-            yield from pq.ParquetFile(p).iter_batches(batch_size=batch_size, columns=columns)
+            yield from storage.parquet_file(p).iter_batches(batch_size=batch_size, columns=columns)

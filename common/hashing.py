@@ -8,15 +8,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-_CHUNK = 1 << 20
+from common import storage
+from common.storage import sha256_file
 
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+__all__ = ["sha256_file", "sha256_bytes", "canonical_json", "config_hash", "fingerprint", "stable_id"]
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -52,6 +47,8 @@ def fingerprint(path: str | os.PathLike, content: bool = True) -> dict[str, Any]
     content=True hashes every byte (what a reproducibility manifest wants); content=False uses
     sizes and modification times only, for inputs too large to re-read on every run.
     """
+    if storage.is_remote(path):
+        return _remote_fingerprint(str(path), content)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"input not found: {path}")
@@ -75,6 +72,23 @@ def fingerprint(path: str | os.PathLike, content: bool = True) -> dict[str, Any]
         "n_files": n_files,
         "n_bytes": n_bytes,
     }
+
+
+def _remote_fingerprint(url: str, content: bool) -> dict[str, Any]:
+    """`fingerprint` of an object-store file or prefix; without content, sizes and ETags."""
+    p = storage.path(url)
+    if p.is_file():
+        listing, base = storage.list_files(p, hidden=True), p.parent
+    elif p.is_dir():
+        listing, base = storage.list_files(p), p
+    else:
+        raise FileNotFoundError(f"input not found: {url}")
+    h = hashlib.sha256()
+    for rel, n, stamp in listing:
+        h.update(rel.encode("utf-8") + b"\0" + str(n).encode() + b"\0")
+        h.update(bytes.fromhex(sha256_file(base / rel)) if content else stamp.encode())
+    return {"path": url, "kind": "content-sha256" if content else "size-etag", "digest": h.hexdigest(),
+            "n_files": len(listing), "n_bytes": sum(n for _, n, _ in listing)}
 
 
 def stable_id(*parts: Any, n_hex: int = 16) -> str:

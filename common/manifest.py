@@ -1,7 +1,8 @@
 """Run manifests: what a job read, with which config and code, what it wrote, counts and timings.
 
-Every job ends by writing `manifest.json` atomically into its output directory. A job that finds a
-complete manifest there for the same inputs and config skips its work (`find_complete`).
+Every job ends by writing `manifest.json` atomically into its output directory (local or an
+object-store URL; see `common.storage` for the commit protocol). A job that finds a complete,
+committed manifest there for the same inputs and config skips its work (`find_complete`).
 
 Each contract file carries `schema` ("<kind>/<version>") and is validated on read; subclasses of
 `RunManifest` add their own fields (the component manifest in `common.component`, the shard
@@ -19,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common import atomic
+from common import atomic, storage
 from common.errors import ContractError
 from common.hashing import config_hash, fingerprint
 from common.version import code_version
@@ -71,16 +72,16 @@ class RunManifest(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     def write(self, directory: str | os.PathLike) -> Path:
-        path = Path(directory) / MANIFEST_NAME
+        path = storage.path(directory) / MANIFEST_NAME
         atomic.write_json(path, self.to_json_dict())
         return path
 
     @classmethod
     def read(cls: type[M], path: str | os.PathLike) -> M:
-        """Read and validate; `path` is the manifest file or its directory."""
-        path = Path(path)
+        """Read and validate; `path` is the manifest file or its (committed) directory."""
+        path = storage.path(path)
         if path.is_dir():
-            path = path / MANIFEST_NAME
+            path = (storage.committed(path) or path) / MANIFEST_NAME
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -111,8 +112,9 @@ def find_complete(
     inputs: list[InputFingerprint] | None = None,
 ) -> M | None:
     """The manifest in `directory` if it records a finished run of the same config and inputs."""
-    path = Path(directory) / MANIFEST_NAME
-    if not path.is_file():
+    root = storage.committed(directory)
+    path = root / MANIFEST_NAME if root is not None else None
+    if path is None or not path.is_file():
         return None
     try:
         found = manifest_cls.read(path)

@@ -12,7 +12,6 @@ Quarantine reasons: see `REASONS`.
 
 from __future__ import annotations
 
-import glob as _glob
 import gzip
 import io
 import json
@@ -22,8 +21,8 @@ from typing import Any, Iterator, Optional
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from common import storage
 from common.document import META_TYPE, meta_value
 from common.hashing import stable_id
 
@@ -130,13 +129,10 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 def _glob_base(pattern: str) -> Path:
-    parts = Path(pattern).parts
-    base: list[str] = []
-    for p in parts:
-        if any(ch in p for ch in "*?["):
-            break
-        base.append(p)
-    return Path(*base) if base else Path(".")
+    base = storage.path(pattern)
+    while any(ch in str(base) for ch in "*?["):
+        base = base.parent
+    return base
 
 
 def discover_files(paths: list[str], fmt: str = "auto", hf_split: Optional[str] = None,
@@ -146,15 +142,15 @@ def discover_files(paths: list[str], fmt: str = "auto", hf_split: Optional[str] 
     `datasets.save_to_disk` (or a hub name with format `hf`) yields its Arrow files."""
     out: list[InputFile] = []
     for pattern in paths:
-        if fmt == "hf" or (fmt == "auto" and _is_hf_dir(Path(pattern))):
+        if fmt == "hf" or (fmt == "auto" and _is_hf_dir(storage.path(pattern))):
             out.extend(_hf_files(pattern, hf_split, hf_config))
             continue
-        matches = sorted(_glob.glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern]
+        matches = storage.glob(pattern) if any(c in pattern for c in "*?[") else [pattern]
         if not matches:
             raise SourceError(f"no files match {pattern!r}")
         base = _glob_base(pattern)
         for m in matches:
-            p = Path(m)
+            p = storage.path(m)
             if not p.exists():
                 raise SourceError(f"input not found: {m}")
             if p.is_dir():
@@ -245,7 +241,7 @@ def plan_splits(source: str, files: list[InputFile], split_bytes: int) -> list[S
             for start in range(0, f.size, split_bytes):
                 splits.append(Split(source, f.path, f.rel, f.format, None, start, min(start + split_bytes, f.size)))
         elif f.format == "parquet":
-            meta = pq.read_metadata(f.path)
+            meta = storage.parquet_metadata(f.path)
             start_rg, acc, rows_before, first_row = 0, 0, 0, 0
             for rg in range(meta.num_row_groups):
                 acc += meta.row_group(rg).total_byte_size
@@ -262,7 +258,7 @@ def plan_splits(source: str, files: list[InputFile], split_bytes: int) -> list[S
 
 def count_newlines(path: str, start: int, end: int) -> int:
     n = 0
-    with open(path, "rb") as fh:
+    with storage.open(path, "rb") as fh:
         fh.seek(start)
         remaining = end - start
         while remaining > 0:
@@ -275,7 +271,7 @@ def count_newlines(path: str, start: int, end: int) -> int:
 
 
 def byte_at(path: str, offset: int) -> bytes:
-    with open(path, "rb") as fh:
+    with storage.open(path, "rb") as fh:
         fh.seek(offset)
         return fh.read(1)
 
@@ -375,9 +371,9 @@ def _open_binary(path: str, compression: Optional[str]) -> io.BufferedIOBase:
     if compression == "zstd":
         import zstandard
 
-        raw = open(path, "rb")
+        raw = storage.open(path, "rb")
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), buffer_size=1 << 20)
-    return open(path, "rb")
+    return storage.open(path, "rb")
 
 
 def _read_jsonl(split: Split, opts: ReadOptions, counters: dict[str, int]) -> Iterator[pa.RecordBatch]:
@@ -498,7 +494,7 @@ def read_split(split: Split, opts: ReadOptions, counters: Optional[dict[str, int
     if split.format == "jsonl":
         yield from _read_jsonl(split, opts, counters)
     elif split.format == "parquet":
-        pf = pq.ParquetFile(split.path)
+        pf = storage.parquet_file(split.path)
         groups = list(range(split.start, split.end))
         if groups:
             yield from _read_table_batches(split, pf.iter_batches(batch_size=opts.batch_rows, row_groups=groups),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from common import storage
 from kaiyuan.spark.components_io import list_components
 
 STAGES = ("ingest", "dedup", "score")
@@ -13,7 +14,7 @@ STAGES = ("ingest", "dedup", "score")
 
 def collect(output: str | Path) -> dict[str, Any]:
     """{source: {stage: counts...}} from every complete component under `output`."""
-    output = Path(output)
+    output = storage.path(output)
     out: dict[str, dict[str, Any]] = {}
     for stage in STAGES:
         for name, c in list_components(output / stage).items():

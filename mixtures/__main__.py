@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from common import storage
 from common.errors import ContractError
 
 
@@ -61,7 +61,7 @@ def _materialize(argv: list[str]) -> int:
     results = materialize(spec, args.out, sets=[s for s in args.sets.split(",") if s] or None,
                           work_dir=args.work_dir, keep_work=args.keep_work, force=args.force, progress=print)
     for name, m in results.items():
-        print(f"{name}: {m.n_tokens:,} tokens, {m.n_docs:,} docs, {len(m.shards)} shards -> {Path(args.out) / name}")
+        print(f"{name}: {m.n_tokens:,} tokens, {m.n_docs:,} docs, {len(m.shards)} shards -> {storage.join(args.out, name)}")
     return 0
 
 

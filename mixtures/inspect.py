@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common import storage
 from common.errors import ContractError
 from common.manifest import MANIFEST_NAME
 from mixtures.shards import ShardManifest, ShardSet
@@ -19,12 +20,12 @@ from mixtures.shards import ShardManifest, ShardSet
 def find_sets(path: str | os.PathLike) -> dict[str, Path]:
     """The shard set at `path`, or every directory directly under it with a manifest, by name
     (an unreadable manifest is not skipped: `inspect_sets` reports it)."""
-    p = Path(path)
-    if (p / MANIFEST_NAME).is_file():
+    p = storage.path(path)
+    if storage.has_committed(p, MANIFEST_NAME):
         return {p.name: p}
     out = {}
     for d in sorted(p.iterdir()) if p.is_dir() else []:
-        if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST_NAME).is_file():
+        if d.is_dir() and not d.name.startswith(".") and storage.has_committed(d, MANIFEST_NAME):
             out[d.name] = d
     return out
 

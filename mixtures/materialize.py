@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common import atomic
+from common import storage
 from common.component import Component
 from common.errors import ContractError
 from common.hashing import sha256_file
@@ -352,8 +353,8 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     progress = progress or (lambda m: log.info(m))
     if not isinstance(spec, MixtureSpec):
         spec = load_spec(spec)
-    out = Path(out_dir)
-    (out.parent if flat else out).mkdir(parents=True, exist_ok=True)
+    out = storage.path(out_dir)
+    storage.makedirs(out.parent if flat else out)
     atomic.clean_stale_tmp(out.parent if flat else out)
     opened = check_components(spec)
     set_dir = lambda name: out if flat else out / name  # noqa: E731
@@ -366,7 +367,7 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
         if unknown:
             raise MixtureSpecError("<sets>", f"unknown set(s) {sorted(unknown)}; this spec makes "
                                    f"{[s[0] for s in set_names(spec)]}")
-    inputs = fingerprints([c.directory / MANIFEST_NAME for c in opened.values()])
+    inputs = fingerprints([c.root / MANIFEST_NAME for c in opened.values()])
     results: dict[str, ShardManifest] = {}
     todo = []
     for name, phase, order in wanted:
@@ -378,7 +379,7 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
             todo.append((name, phase, order))
     if not todo:
         return results
-    work = Path(work_dir) if work_dir else (out.parent / f"{atomic.TMP_PREFIX}{out.name}.work-{spec.spec_hash()[:12]}"
+    work = Path(work_dir) if work_dir else storage.local_scratch(out.parent / f"{atomic.TMP_PREFIX}{out.name}.work-{spec.spec_hash()[:12]}"
                                             if flat else out / f".work-{spec.spec_hash()[:12]}")
     spills: dict[str, TokenSpill] = {}
     records: dict[str, dict[str, Any]] = {}

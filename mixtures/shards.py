@@ -54,6 +54,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict
 
 from common import atomic
+from common import storage
 from common.errors import ContractError
 from common.hashing import canonical_json, sha256_file
 from common.manifest import MANIFEST_NAME, RunManifest
@@ -590,7 +591,7 @@ class ShardSet:
 
     @classmethod
     def open(cls, directory: str | os.PathLike, tokenizer: Any = None, verify_hashes: bool = False) -> "ShardSet":
-        directory = Path(directory)
+        directory = storage.local_copy(directory)      # an object-store set is staged, sha256-checked
         if not directory.is_dir():
             raise ShardError(directory, "shard set directory not found")
         manifest = ShardManifest.read(directory / MANIFEST_NAME)

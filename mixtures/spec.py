@@ -41,6 +41,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from common import storage
 from common.component import Component
 from common.config import apply_overrides, load_yaml
 from common.document import QUALITY_PREFIX
@@ -331,7 +332,7 @@ def parse_spec(data: dict[str, Any], source: str | os.PathLike = "<spec>", base_
         raise MixtureSpecError(source, f"{msg} (input: {err.get('input')!r:.80})", field=field or None) from None
     if base_dir is not None:
         for c in spec.components:
-            if not Path(c.path).is_absolute():
+            if not storage.is_remote(c.path) and not Path(c.path).is_absolute():
                 c.path = str((base_dir / c.path).resolve())
         if spec.tokenizer.path and spec.tokenizer.kind != "qwen3" and not Path(spec.tokenizer.path).is_absolute():
             cand = (base_dir / spec.tokenizer.path)

@@ -1,10 +1,13 @@
 """Reading and writing components (ARCHITECTURE.md contract 2) from Spark.
 
-Writing: each Spark partition is written by pyarrow on its executor as
-`<parent>/.tmp-<name>.<uuid>/part-<partition>.parquet`; side outputs (quarantine, removed
-duplicates) go into `_`-prefixed subdirectories that the component reader skips, and
-`common.component.finalize_component` writes the manifest and renames the directory into place.
-A later stage therefore sees either no component or a complete one. The rows of each file are
+Writing: each Spark partition is written by pyarrow on its executor into the component's attempt
+(`common.storage.new_attempt`: `<parent>/.tmp-<name>.<uuid>/` on POSIX, `<name>/_attempt-<id>/`
+on an object store) as `part-<partition>.parquet`; side outputs (quarantine, removed duplicates)
+go into `_`-prefixed subdirectories that the component reader skips, and
+`common.component.finalize_component` writes the manifest and commits the attempt (rename, or
+commit record). A later stage therefore sees either no component or a complete one. Reading a
+component on an object store also happens on the executors, through pyarrow over fsspec (no
+Hadoop S3A/GCS connector is needed). The rows of each file are
 hash-partitioned and sorted by id and row groups are cut at fixed row counts, so the same input
 and config give byte-identical files, in any process.
 """
@@ -12,12 +15,10 @@ and config give byte-identical files, in any process.
 from __future__ import annotations
 
 import math
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from common import atomic
+from common import storage
 from common.component import Component, ComponentManifest, finalize_component
 from common.errors import ContractError
 from common.hashing import canonical_json, sha256_bytes
@@ -40,12 +41,15 @@ def component_fingerprint(component: Component) -> InputFingerprint:
 
 
 def list_components(stage_dir: Path) -> dict[str, Component]:
-    """Complete components under a stage directory, by name (half-written `.tmp-*` ones are invisible)."""
+    """Complete components under a stage directory, by name (half-written `.tmp-*` ones and
+    uncommitted attempts are invisible)."""
     out: dict[str, Component] = {}
+    stage_dir = storage.path(stage_dir)
     if not stage_dir.is_dir():
         return out
-    for d in sorted(stage_dir.iterdir()):
-        if d.is_dir() and not d.name.startswith((".", "_")) and (d / "manifest.json").is_file():
+    for d in sorted(stage_dir.iterdir(), key=lambda p: p.name):
+        root = storage.committed(d) if d.is_dir() and not d.name.startswith((".", "_")) else None
+        if root is not None and (root / "manifest.json").is_file():
             c = Component.open(d)
             out[c.name] = c
     return out
@@ -53,7 +57,28 @@ def list_components(stage_dir: Path) -> dict[str, Component]:
 
 def read_component(spark, component: Component):
     """The component's documents as a DataFrame (only the files its manifest lists)."""
-    return spark.read.parquet(*[str(p) for p in component.paths])
+    return read_parquet(spark, component.paths)
+
+
+def read_parquet(spark, files: list) -> Any:
+    """Parquet files as a DataFrame: Spark's reader for local paths; on an object store, each
+    file read by one task through pyarrow over fsspec."""
+    paths = [str(p) for p in files]
+    if not paths or not storage.is_remote(paths[0]):
+        return spark.read.parquet(*paths)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = storage.parquet_file(paths[0]).schema_arrow
+    return (spark.range(0, len(paths), 1, numPartitions=len(paths))
+            .mapInArrow(_file_reader(paths), from_arrow_schema(schema)))
+
+
+def _file_reader(paths: list[str]):
+    def read(batches):
+        for batch in batches:
+            for idx in batch.column("id").to_pylist():
+                yield from storage.parquet_file(paths[idx]).iter_batches()
+    return read
 
 
 def n_files_for(n_bytes: int, target_file_mb: float) -> int:
@@ -61,8 +86,7 @@ def n_files_for(n_bytes: int, target_file_mb: float) -> int:
 
 
 def new_tmp_dir(final_dir: Path) -> Path:
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    return final_dir.parent / f"{atomic.TMP_PREFIX}{final_dir.name}.{uuid.uuid4().hex[:12]}"
+    return storage.new_attempt(final_dir)
 
 
 def map_in_arrow(df, fn, schema):
@@ -95,13 +119,14 @@ def write_sorted_parquet(df, directory: Path, n_files: int, sort_cols: tuple[str
     cols = [spark_col(c) for c in sort_cols]
     part = df if already_partitioned else df.repartition(n_files, *cols)
     part = part.sortWithinPartitions(*cols)
-    directory.mkdir(parents=True, exist_ok=True)
+    storage.makedirs(directory)
     written = map_in_arrow(part, _partition_writer(str(directory), row_group_rows), "part int, n_rows bigint").collect()
     if not written:                      # nothing to write: one empty file keeps the schema
         import pyarrow.parquet as pq
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        pq.write_table(to_arrow_schema(df.schema).empty_table(), directory / "part-00000.parquet", **PARQUET_OPTIONS)
+        with storage.open(storage.join(directory, "part-00000.parquet"), "wb") as fh:
+            pq.write_table(to_arrow_schema(df.schema).empty_table(), fh, **PARQUET_OPTIONS)
     return sum(int(r["n_rows"]) for r in written)
 
 
@@ -118,8 +143,12 @@ def _partition_writer(directory: str, row_group_rows: int):
         from pyspark import TaskContext
 
         pid = TaskContext.get().partitionId()
-        final = os.path.join(directory, f"part-{pid:05d}.parquet")
-        tmp = os.path.join(directory, f".part-{pid:05d}.{uuid.uuid4().hex}.tmp")
+        final = storage.join(directory, f"part-{pid:05d}.parquet")
+        # POSIX: temp + rename. Object store: straight to the part's name (an object appears whole
+        # on close; the attempt prefix is invisible to readers until its commit record is written)
+        remote = storage.is_remote(directory)
+        tmp = final if remote else os.path.join(directory, f".part-{pid:05d}.{uuid.uuid4().hex}.tmp")
+        sink = None
         writer = None
         pending: list = []
         n_pending = 0
@@ -138,7 +167,8 @@ def _partition_writer(directory: str, row_group_rows: int):
                 if batch.num_rows == 0:
                     continue
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, batch.schema, **PARQUET_OPTIONS)
+                    sink = storage.open(tmp, "wb") if remote else tmp
+                    writer = pq.ParquetWriter(sink, batch.schema, **PARQUET_OPTIONS)
                 pending.append(batch)
                 n_pending += batch.num_rows
                 n_rows += batch.num_rows
@@ -148,9 +178,13 @@ def _partition_writer(directory: str, row_group_rows: int):
                 if n_pending:
                     flush(n_pending)
                 writer.close()
-                os.replace(tmp, final)      # a retried or speculative attempt writes the same bytes
+                if not remote:
+                    os.replace(tmp, final)      # a retried or speculative attempt writes the same bytes
         finally:
-            if os.path.exists(tmp):
+            if remote:
+                if sink is not None:
+                    sink.close()
+            elif os.path.exists(tmp):
                 os.unlink(tmp)
         if n_rows:
             yield pa.RecordBatch.from_pydict({"part": [pid], "n_rows": [n_rows]},
@@ -166,21 +200,12 @@ def row_group_rows_for(n_bytes: int, n_rows: int, target_bytes: int = 64 << 20) 
 
 
 def finalize(tmp_dir: Path, final_dir: Path, manifest_fields: dict[str, Any]) -> ComponentManifest:
-    """Manifest + atomic rename (the one component writer); removes `tmp_dir` on failure."""
+    """Manifest + commit (the one component writer); removes `tmp_dir` on failure."""
     try:
         return finalize_component(tmp_dir, final_dir, manifest_fields)
     except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        storage.remove_tree(tmp_dir)
         raise
-
-
-def rows_written(directory: Path) -> int:
-    """Rows in the parquet files just written to `directory` (from their footers; no Spark job)."""
-    import pyarrow.parquet as pq
-
-    if not directory.is_dir():
-        return 0
-    return sum(pq.read_metadata(p).num_rows for p in sorted(directory.glob("*.parquet")))
 
 
 def require_components(stage_dir: Path, names: Optional[list[str]] = None) -> dict[str, Component]:

@@ -29,7 +29,6 @@ Steps (all in Spark; nothing proportional to the corpus is collected on the driv
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -37,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common import atomic
+from common import storage
 from common.component import Component, ComponentManifest
 from common.document import spark_col
 from common.log import get_logger
@@ -389,4 +389,4 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
 def _lineage_entry(c: Component) -> dict[str, Any]:
     m = c.manifest
     return {"job": m.job, "config_hash": m.config_hash, "code_version": m.code_version,
-            "manifest": str(Path(c.directory) / "manifest.json"), "n_docs": m.n_docs}
+            "manifest": storage.join(c.root, "manifest.json"), "n_docs": m.n_docs}

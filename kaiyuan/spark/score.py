@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common import atomic
+from common import storage
 from common.component import Component, ComponentManifest
 from common.document import FILTER_PREFIX, QUALITY_PREFIX, REASON_SUFFIX, spark_col
 from common.hashing import sha256_bytes
@@ -106,7 +107,7 @@ def _stats(spark, tmp: Path, fields: list[str], top_reasons: int = 8) -> dict[st
     two Spark jobs (one aggregate; one count of every (filter, reason) and language)."""
     from pyspark.sql import functions as F
 
-    df = spark.read.parquet(*[str(p) for p in sorted(tmp.glob("*.parquet"))])
+    df = cio.read_parquet(spark, sorted(tmp.glob("*.parquet")))
     out: dict[str, Any] = {"filters": {}, "scores": {}}
     filters = [f for f in fields if f.startswith(FILTER_PREFIX) and not f.endswith(REASON_SUFFIX)]
     scores = [f for f in fields if f.startswith(QUALITY_PREFIX)]
@@ -165,7 +166,7 @@ def score_component(spark, name: str, c: Component, cfg: RunConfig, annotators: 
     sw = Stopwatch()
     fields = [f for a in annotators for f in a.output_fields()]
     out_names = [f.name for f in fields]
-    staging = stage / f"{atomic.TMP_PREFIX}files"
+    staging = storage.local_scratch(stage) / f"{atomic.TMP_PREFIX}files"
     tmp = cio.new_tmp_dir(final_dir)
     try:
         with sw("annotate"):
@@ -187,7 +188,7 @@ def score_component(spark, name: str, c: Component, cfg: RunConfig, annotators: 
         with sw("stats"):
             stats = _stats(spark, tmp, out_names)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.remove_tree(tmp)
         raise
     counts = {"docs": stats.pop("docs"), **stats}
     tokenizers = [a.config for a in annotators if a.type_name == "token_count"]
@@ -222,5 +223,5 @@ def run_score(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[s
         mine = [a for a in built if a.applies_to(name)]
         log.info("score [%d/%d] %s", i, len(components), name)
         results[name] = score_component(spark, name, c, cfg, mine)
-    shutil.rmtree(cfg.stage_dir("score") / f"{atomic.TMP_PREFIX}files", ignore_errors=True)
+    shutil.rmtree(storage.local_scratch(cfg.stage_dir("score")) / f"{atomic.TMP_PREFIX}files", ignore_errors=True)
     return results
