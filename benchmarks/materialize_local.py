@@ -9,7 +9,8 @@
    ratio to (1). Target >= 70%. (1) and (2) alternate `--repeats` times; best of each.
 3. Peak RSS of a fresh process materializing pools of 1x, 2x, 4x the size (streaming: it should
    grow with per-document metadata only, never with text or tokens).
-4. With --spark: the Spark job (kaiyuan/jobs/materialize.py) in local[2] on the 1x pool, tokens/s.
+4. With --spark: the Spark engine (kaiyuan/spark/materialize.py) in local[2] on the 1x pool, tokens/s
+   (benchmarks/materialize_spark.py measures how it scales, on local-cluster).
 
 Both paths use the same TOKENIZERS_PARALLELISM setting (printed). Timings on a shared machine are
 noisy: the load average is printed with the results, and only ratios measured side by side in
@@ -157,7 +158,7 @@ def main() -> None:
     if args.spark:
         from pyspark.sql import SparkSession
 
-        from kaiyuan.jobs.materialize import run
+        from kaiyuan.spark.materialize import run
         from mixtures.spec import parse_spec
 
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")

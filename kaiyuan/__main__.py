@@ -3,6 +3,9 @@
   ingest | dedup | score | pipeline   --config run.yaml [--sources a,b] [key=value ...]
         the Spark jobs, in a local session (local[*], memory sized to the machine); the same
         jobs run on a cluster with `spark-submit kaiyuan/jobs/<job>.py --config run.yaml`
+  materialize --spec mixture.yaml --out shards/ [--sets a,b] [--checkpoint-dir DIR] [key=value ...]
+        a mixture spec's shard sets on Spark (byte-identical to `python -m mixtures materialize`);
+        on a cluster: `spark-submit kaiyuan/jobs/materialize.py --spec ... --out ...`
   train-classifier --config classifier.yaml [key=value ...] [--force]
         a fastText quality classifier from positive and negative text; prints held-out metrics
   summary <output dir>
@@ -54,12 +57,7 @@ def _summary(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = list(JOBS) + ["train-classifier", "summary"]
-    try:
-        importlib.import_module("kaiyuan.jobs.materialize")
-        commands.append("materialize")
-    except ImportError:
-        pass
+    commands = list(JOBS) + ["materialize", "train-classifier", "summary"]
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__)
         if argv and argv[0] not in ("-h", "--help"):

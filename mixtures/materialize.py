@@ -11,8 +11,9 @@ Three passes, streaming, memory bounded by per-document metadata (never by text 
               tokens from the spill; each set is renamed into place only when complete, with its
               manifest (content, byte-identical for equal inputs) and run.json (timings, engine).
 
-The Spark job (`kaiyuan/jobs/materialize.py`) runs the same plan on DataFrames and writes with the
-same `write_shard_file`, so both engines give byte-identical shards.
+The Spark engine (`kaiyuan/spark/materialize.py`) runs the same plan on DataFrames, selects sets
+with the same `select_sets` and writes with the same `write_shard_file`, so both engines give
+byte-identical shards.
 """
 
 from __future__ import annotations
@@ -90,6 +91,30 @@ def set_names(spec: MixtureSpec) -> list[tuple[str, str | None, str]]:
     if spec.holdout is not None:
         out.append(("eval", None, "eval"))
     return out
+
+
+def select_sets(spec: MixtureSpec, set_dir: Callable[[str], Path], inputs: list, *, sets: list[str] | None = None,
+                force: bool = False, progress: Callable[[str], None] = print
+                ) -> tuple[dict[str, ShardManifest], list[tuple[str, str | None, str]]]:
+    """Which of the spec's sets (all, or the named `sets`) to write, in writing order, and which are
+    complete from an earlier run with the same spec and inputs (reused unless `force`). Both
+    engines call this. Returns ({set name: reused manifest}, [(set name, phase, order) to write])."""
+    every = set_names(spec)
+    unknown = set(sets or ()) - {s[0] for s in every}
+    if unknown:
+        raise MixtureSpecError("<sets>", f"unknown set(s) {sorted(unknown)}; this spec makes {[s[0] for s in every]}")
+    reused: dict[str, ShardManifest] = {}
+    todo = []
+    for name, phase, order in every:
+        if sets and name not in sets:
+            continue
+        found = None if force else find_complete(set_dir(name), ShardManifest, set_config(spec, name, phase, order), inputs)
+        if found is not None and found.spec_hash == spec.spec_hash():
+            reused[name] = found
+            progress(f"{name}: complete from an earlier run (same spec and inputs), reused")
+        else:
+            todo.append((name, phase, order))
+    return reused, todo
 
 
 def seeds_of(spec: MixtureSpec, phase_names: list[str]) -> dict[str, int]:
@@ -307,7 +332,9 @@ def write_set(final_dir: Path, set_name: str, plan: StreamPlan, doc_source: Call
                      plan.labels[int(plan.label[i])], int(plan.bucket[i]), float(plan.rank[i]), int(plan.copy[i]))
                     for i in pos)
             shards.append(write_shard_file(tmp, name, segment, docs, tokenizer.vocab_size))
-        manifest = assemble_manifest(spec, tokenizer, set_name, phase, order, shards, pool, components, inputs, plan.extra)
+        manifest = assemble_manifest(spec, tokenizer, set_name, phase, order, shards, components, inputs, plan.extra,
+                                     bucket_count=pool.bucket_count if pool is not None else None,
+                                     buckets=bucket_stats(spec, pool) if pool is not None else None)
         manifest.write(tmp)
         elapsed = time.perf_counter() - t0
         write_run_record(tmp, set_name, engine, manifest, {"write": elapsed})
@@ -318,15 +345,13 @@ def write_set(final_dir: Path, set_name: str, plan: StreamPlan, doc_source: Call
 
 
 def assemble_manifest(spec: MixtureSpec, tokenizer: Tokenizer, set_name: str, phase: str | None, order: str,
-                      shards: list[ShardFile], pool: Pool | None, components: list[ComponentUse], inputs: list,
-                      extra: dict[str, Any], buckets: list[CompositionStats] | None = None) -> ShardManifest:
-    """The set's manifest from per-shard results; both engines call this."""
-    if pool is not None and buckets is None:
-        buckets = bucket_stats(spec, pool)
+                      shards: list[ShardFile], components: list[ComponentUse], inputs: list, extra: dict[str, Any], *,
+                      bucket_count: int | None, buckets: list[CompositionStats] | None) -> ShardManifest:
+    """The set's manifest from per-shard results and the phase pool's bucket table (None for
+    the eval set); both engines call this."""
     return build_manifest(
         shards=shards, tokenizer=tokenizer.identity, seq_len=spec.seq_len, stream=order, job=JOB,
-        config=set_config(spec, set_name, phase, order), buckets=buckets or [],
-        bucket_count=pool.bucket_count if pool is not None else None,
+        config=set_config(spec, set_name, phase, order), buckets=buckets or [], bucket_count=bucket_count,
         seeds=seeds_of(spec, [phase] if phase else []), spec_hash=spec.spec_hash(), components=components,
         inputs=inputs, counts={"n_shards": len(shards)}, extra=extra)
 
@@ -361,22 +386,8 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     if flat and len(sets or set_names(spec)) != 1:
         raise ValueError(f"flat=True writes one set, this call makes {sets or [s[0] for s in set_names(spec)]}")
     tokenizer = load_tokenizer(spec.tokenizer)
-    wanted = [s for s in set_names(spec) if sets is None or s[0] in sets]
-    if sets:
-        unknown = set(sets) - {s[0] for s in set_names(spec)}
-        if unknown:
-            raise MixtureSpecError("<sets>", f"unknown set(s) {sorted(unknown)}; this spec makes "
-                                   f"{[s[0] for s in set_names(spec)]}")
     inputs = fingerprints([c.root / MANIFEST_NAME for c in opened.values()])
-    results: dict[str, ShardManifest] = {}
-    todo = []
-    for name, phase, order in wanted:
-        found = None if force else find_complete(set_dir(name), ShardManifest, set_config(spec, name, phase, order), inputs)
-        if found is not None and found.spec_hash == spec.spec_hash():
-            results[name] = found
-            progress(f"{name}: complete from an earlier run (same spec and inputs), reused")
-        else:
-            todo.append((name, phase, order))
+    results, todo = select_sets(spec, set_dir, inputs, sets=sets, force=force, progress=progress)
     if not todo:
         return results
     work = Path(work_dir) if work_dir else storage.local_scratch(out.parent / f"{atomic.TMP_PREFIX}{out.name}.work-{spec.spec_hash()[:12]}"

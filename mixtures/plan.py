@@ -13,7 +13,7 @@ Puro's reconstructed algorithm (seed-puro.md §2.1) step by step, each step one 
                        documents assigned to shard files
 5. `plan_eval`         the held-out set in a seeded order
 
-The Spark job (kaiyuan/jobs/materialize.py) computes the same columns with the same
+The Spark engine (kaiyuan/spark/materialize.py) computes the same columns with the same
 `mixtures.curriculum` functions on DataFrames; the byte-identity test holds the two together.
 Seeded keys always hash "<component>\\x1f<doc id>" with the copy number, under a salt naming the
 purpose and phase, so no two uses share randomness.
