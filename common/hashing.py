@@ -60,7 +60,12 @@ def fingerprint(path: str | os.PathLike, content: bool = True) -> dict[str, Any]
         rel = f.relative_to(path).as_posix() if path.is_dir() else f.name
         h.update(rel.encode("utf-8") + b"\0" + str(st.st_size).encode() + b"\0")
         if content:
-            h.update(bytes.fromhex(sha256_file(f)))
+            try:
+                h.update(bytes.fromhex(sha256_file(f)))
+            except OSError as e:
+                # no read permission, an I/O error: the reader quarantines the file as `unreadable`;
+                # the fingerprint records that it could not be read (and changes once it can)
+                h.update(f"unreadable:{e.errno}".encode())
         else:
             h.update(str(st.st_mtime_ns).encode())
         n_files += 1

@@ -7,20 +7,39 @@ batches in the ingest schema. Every input record becomes exactly one row: a docu
 quarantined record with a reason, the origin file and line, and the start of the raw record.
 Nothing is dropped silently (blank jsonl lines are not records; they are counted).
 
-Quarantine reasons: see `REASONS`.
+Quarantine reasons: see `REASONS`. A file that cannot be opened or parsed at all (no read
+permission, a truncated or fake parquet) becomes one `unreadable` row naming the file and the
+error; the job goes on with the other files.
+
+Compressed jsonl is read twice: a first pass decompresses every gzip member / zstd frame and runs
+its integrity check (gzip: CRC32 and length of every member; zstd: the frame's content checksum),
+the second parses the records. The records of the first member that fails, and everything after
+it (its end cannot be trusted), are quarantined as `corrupt_archive`, never kept as documents.
+What cannot be detected: a zstd frame written without a checksum (`zstd --no-check`,
+`ZstdCompressor(write_checksum=False)`, the library default) has no check of its content, so a
+flipped bit that still decodes gives wrong bytes that only the per-record checks (UTF-8, JSON,
+text field) can catch; such frames are counted as `unchecked_members`.
+
+Ids: a string id is kept as it is; any other JSON value (a number, `true`) is stored as its JSON
+text (`7` -> "7"), the same for files, globs and directories, so an int `7` and a string `"7"` in
+one source are the same id and the later one is quarantined as `duplicate_id`.
+A UTF-8 byte order mark at the start of a file is skipped; a number beyond the float range
+(`1e400`) is kept in `meta` as its text.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
+import math
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import orjson
 import pyarrow as pa
+import zstandard
 
 from common import storage
 from common.document import META_TYPE, meta_value
@@ -35,8 +54,9 @@ REASONS = {
     "non_string_text": "the text field is not a string",
     "empty_text": "the text is empty or only whitespace",
     "too_large": "the record exceeds ingest.max_text_bytes",
-    "duplicate_id": "another record of the source has the same id (the first, by origin, is kept)",
-    "unreadable": "the file could not be read or decompressed past this point",
+    "duplicate_id": "another record of the source has the same id, compared as text (the first, by origin, is kept)",
+    "unreadable": "the file could not be opened, read or parsed past this point (the detail names the error)",
+    "corrupt_archive": "a gzip member or zstd frame failed its integrity check or did not decode: its records are not kept",
 }
 
 INGEST_SCHEMA = pa.schema([
@@ -84,6 +104,7 @@ class Split:
     end: int = -1                 # jsonl: end byte (exclusive, -1 = EOF); parquet: row group after the last
     first_line: int = 1           # jsonl: line number of the first line starting in [start, end)
     row_offset: int = 0           # parquet: index of the first row of row group `start`
+    problem: Optional[str] = None  # why the file could not even be planned (read_split quarantines it)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,6 +173,8 @@ def discover_files(paths: list[str], fmt: str = "auto", hf_split: Optional[str] 
         for m in matches:
             p = storage.path(m)
             if not p.exists():
+                if p.is_symlink() and m != pattern:
+                    continue              # a dangling link matched by a glob: skipped, as in a directory walk
                 raise SourceError(f"input not found: {m}")
             if p.is_dir():
                 if _is_hf_dir(p):
@@ -241,7 +264,11 @@ def plan_splits(source: str, files: list[InputFile], split_bytes: int) -> list[S
             for start in range(0, f.size, split_bytes):
                 splits.append(Split(source, f.path, f.rel, f.format, None, start, min(start + split_bytes, f.size)))
         elif f.format == "parquet":
-            meta = storage.parquet_metadata(f.path)
+            try:
+                meta = storage.parquet_metadata(f.path)
+            except (OSError, pa.ArrowException) as e:      # no permission, truncated, not a parquet file
+                splits.append(Split(source, f.path, f.rel, f.format, None, problem=_describe(f.path, e)))
+                continue
             start_rg, acc, rows_before, first_row = 0, 0, 0, 0
             for rg in range(meta.num_row_groups):
                 acc += meta.row_group(rg).total_byte_size
@@ -365,21 +392,175 @@ def _doc_id(record_id: Any, source: str, rel: str, line: int) -> str:
     return record_id if isinstance(record_id, str) else meta_value(record_id)
 
 
-def _open_binary(path: str, compression: Optional[str]) -> io.BufferedIOBase:
-    if compression == "gzip":
-        return gzip.open(path, "rb")
-    if compression == "zstd":
-        import zstandard
+_IN_CHUNK = 1 << 16               # compressed bytes per decompressor call
+_BOM = b"\xef\xbb\xbf"
+_FILE_ERRORS = (OSError, EOFError, ValueError, pa.ArrowException, zlib.error, zstandard.ZstdError)
 
-        raw = storage.open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), buffer_size=1 << 20)
-    return storage.open(path, "rb")
+
+def _describe(path: str, e: BaseException) -> str:
+    return f"{path}: {type(e).__name__}: {e}"
+
+
+class _Damaged(Exception):
+    """A compressed member failed its integrity check or did not decode."""
+
+    def __init__(self, member: int, offset: int, detail: str):
+        super().__init__(detail)
+        self.member, self.offset, self.detail = member, offset, detail
+
+
+def _decompressor(compression: str):
+    if compression == "gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)     # checks the member's CRC32 and length
+    return zstandard.ZstdDecompressor().decompressobj()    # checks the content checksum when present
+
+
+def _zstd_unchecked(head: bytes) -> bool:
+    try:
+        return not zstandard.get_frame_parameters(head).has_checksum
+    except zstandard.ZstdError:
+        return False                  # not a frame header: decoding reports it
+
+
+def iter_members(fh: io.BufferedIOBase, compression: str) -> Iterator[tuple[int, bool, bytes]]:
+    """Decompressed bytes of a gzip or zstd stream, one member (gzip member, zstd frame) after
+    the other, each checked by its own integrity check: yields (member, unchecked, bytes) where
+    `unchecked` is True for a zstd frame without a content checksum. Raises `_Damaged` at the
+    first member that fails (nothing after it is decoded: its end cannot be trusted)."""
+    read, pending, member = 0, b"", 0
+    while True:
+        if not pending:
+            pending = fh.read(_IN_CHUNK)
+            read += len(pending)
+            if not pending:
+                return
+        if compression == "gzip" and not pending.strip(b"\0"):
+            pending = b""             # zero padding after the last member (gzip(1) accepts it)
+            continue
+        start = read - len(pending)
+        d = _decompressor(compression)
+        unchecked = compression == "zstd" and _zstd_unchecked(pending[:18])
+        try:
+            while True:
+                out = _decompress(d, pending, compression)
+                if out:
+                    yield member, unchecked, out
+                if d.eof:
+                    pending = d.unused_data
+                    break
+                pending = fh.read(_IN_CHUNK)
+                read += len(pending)
+                if not pending:
+                    raise _Damaged(member, start, "the file ends inside this member (truncated)")
+        except _PartialOutput as e:
+            if e.out:
+                yield member, unchecked, e.out
+            raise _Damaged(member, start, f"{type(e.error).__name__}: {e.error}") from None
+        except (zlib.error, zstandard.ZstdError) as e:
+            raise _Damaged(member, start, f"{type(e).__name__}: {e}") from None
+        member += 1
+
+
+class _PartialOutput(Exception):
+    def __init__(self, out: bytes, error: Exception):
+        super().__init__(str(error))
+        self.out, self.error = out, error
+
+
+def _decompress(d, data: bytes, compression: str) -> bytes:
+    """`d.decompress(data)`; when it fails (a gzip CRC is checked at the member's end, inside the
+    call that reads it), the bytes it decoded before failing are salvaged so that the damaged
+    member's records can be quarantined one by one (gzip only: zstd objects cannot be copied)."""
+    if compression != "gzip":
+        return d.decompress(data)
+    before = d.copy()
+    try:
+        return d.decompress(data)
+    except zlib.error as e:
+        out = bytearray()
+        for i in range(0, len(data), 4096):
+            piece, saved = data[i:i + 4096], before.copy()
+            try:
+                out += before.decompress(piece)
+            except zlib.error:
+                for j in range(len(piece)):          # the failing piece again, byte by byte
+                    try:
+                        out += saved.decompress(piece[j:j + 1])
+                    except zlib.error:
+                        break
+                break
+        raise _PartialOutput(bytes(out), e) from None
+
+
+@dataclass(frozen=True)
+class ArchiveCheck:
+    """The first pass over a compressed file: where (in decompressed bytes) the first damaged
+    member starts, what failed, and how many members had no checksum to verify."""
+
+    damaged_at: Optional[int]     # decompressed offset of the damaged member's first byte; None: intact
+    detail: str = ""
+    unchecked_members: int = 0
+
+
+def check_archive(path: str, compression: str) -> ArchiveCheck:
+    kind = {"gzip": "gzip member", "zstd": "zstd frame"}[compression]
+    out, unchecked, seen = 0, 0, -1
+    with storage.open(path, "rb") as fh:
+        try:
+            for member, no_check, data in iter_members(fh, compression):
+                if member != seen:
+                    seen, member_start = member, out
+                    unchecked += no_check
+                out += len(data)
+        except _Damaged as e:
+            start = member_start if e.member == seen else out
+            return ArchiveCheck(start, f"{kind} {e.member} (at byte {e.offset} of {path}) failed: {e.detail}; "
+                                       f"its records are quarantined and nothing after it is read", unchecked)
+    return ArchiveCheck(None, "", unchecked)
+
+
+class _MemberStream(io.RawIOBase):
+    """The decompressed bytes of `iter_members` as a file, ending quietly at a damaged member
+    (the first pass has already reported it)."""
+
+    def __init__(self, path: str, compression: str):
+        self._fh = storage.open(path, "rb")
+        self._chunks = iter_members(self._fh, compression)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not len(self._buf):
+            try:
+                self._buf = memoryview(next(self._chunks)[2])
+            except (StopIteration, _Damaged):
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+def _open_binary(path: str, compression: Optional[str]) -> io.BufferedIOBase:
+    if compression is None:
+        return storage.open(path, "rb")
+    return io.BufferedReader(_MemberStream(path, compression), buffer_size=1 << 20)
 
 
 def _read_jsonl(split: Split, opts: ReadOptions, counters: dict[str, int]) -> Iterator[pa.RecordBatch]:
     b = _BatchBuilder(split.source, split.path, opts)
     limit = opts.max_line_bytes
     line_no = split.first_line
+    check = check_archive(split.path, split.compression) if split.compression else ArchiveCheck(None)
+    if check.unchecked_members:
+        counters["unchecked_members"] = counters.get("unchecked_members", 0) + check.unchecked_members
+    damaged_at = check.damaged_at
     with _open_binary(split.path, split.compression) as fh:
         pos = 0
         if split.start > 0:
@@ -396,7 +577,17 @@ def _read_jsonl(split: Split, opts: ReadOptions, counters: dict[str, int]) -> It
                 break
             if not line:
                 break
+            if pos == 0 and line.startswith(_BOM):
+                line = line[len(_BOM):]       # a byte order mark is not part of the first record
+                pos = len(_BOM)
             pos += len(line)
+            if damaged_at is not None and pos > damaged_at:
+                if line.strip():
+                    b.bad("corrupt_archive", check.detail, line_no, line)
+                line_no += 1
+                if len(b) >= opts.batch_rows:
+                    yield b.flush()
+                continue
             if len(line) >= limit and not line.endswith(b"\n"):
                 prefix = line
                 while True:                   # skip the rest of the oversized line
@@ -418,8 +609,34 @@ def _read_jsonl(split: Split, opts: ReadOptions, counters: dict[str, int]) -> It
             line_no += 1
             if len(b) >= opts.batch_rows:
                 yield b.flush()
+    if damaged_at is not None:
+        b.bad("corrupt_archive", check.detail, line_no, None)
     if len(b):
         yield b.flush()
+
+
+def _finite_or_text(text: str) -> float | str:
+    value = float(text)
+    return value if math.isfinite(value) else text
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_record(raw: bytes) -> Any:
+    """One JSON line. orjson, except for numbers it refuses (beyond the float range, `1e400`):
+    those lines are parsed by the standard library, with a non-finite number kept as its text
+    (so it reaches `meta` as "1e400" instead of quarantining a good record)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if "number" not in str(e):
+            raise
+        try:
+            return json.loads(raw, parse_float=_finite_or_text, parse_constant=_refuse_constant)
+        except ValueError:
+            raise e from None
 
 
 def _parse_json_line(b: _BatchBuilder, raw: bytes, line_no: int, split: Split, opts: ReadOptions) -> None:
@@ -429,7 +646,7 @@ def _parse_json_line(b: _BatchBuilder, raw: bytes, line_no: int, split: Split, o
         b.bad("invalid_utf8", f"byte {e.start}: {e.reason}", line_no, raw)
         return
     try:
-        record = orjson.loads(raw)
+        record = loads_record(raw)
     except orjson.JSONDecodeError as e:
         b.bad("malformed_json", str(e), line_no, raw)
         return
@@ -489,8 +706,30 @@ def _read_table_batches(split: Split, batches: Iterator[pa.RecordBatch], opts: R
 
 
 def read_split(split: Split, opts: ReadOptions, counters: Optional[dict[str, int]] = None) -> Iterator[pa.RecordBatch]:
-    """All records of one split as ingest-schema batches (documents and quarantined records)."""
+    """All records of one split as ingest-schema batches (documents and quarantined records).
+
+    A file that cannot be opened or parsed (permissions, a fake or truncated parquet, a damaged
+    Arrow file) gives one `unreadable` row naming it and the error, after the rows read before."""
     counters = counters if counters is not None else {}
+    line = split.first_line if split.format == "jsonl" else split.row_offset
+    if split.problem is not None:
+        yield _unreadable_row(split, opts, split.problem, line)
+        return
+    try:
+        yield from _read_format(split, opts, counters)
+    except SourceError:
+        raise
+    except _FILE_ERRORS as e:
+        yield _unreadable_row(split, opts, _describe(split.path, e), line)
+
+
+def _unreadable_row(split: Split, opts: ReadOptions, detail: str, line: int) -> pa.RecordBatch:
+    b = _BatchBuilder(split.source, split.path, opts)
+    b.bad("unreadable", detail, line, None)
+    return b.flush()
+
+
+def _read_format(split: Split, opts: ReadOptions, counters: dict[str, int]) -> Iterator[pa.RecordBatch]:
     if split.format == "jsonl":
         yield from _read_jsonl(split, opts, counters)
     elif split.format == "parquet":
