@@ -288,8 +288,7 @@ def eval_arithmetic(expr: str) -> tuple[float, list[float]]:
     return value, operands
 
 
-def numbers_in_text(text: str) -> list[float]:
-    """Every number written in `text` (thousands separators, $, %, accounting parentheses)."""
+def _number_spans(text: str) -> list[tuple[float, re.Match]]:
     out = []
     for m in _NUMBER_RE.finditer(text):
         raw = m.group(1).replace(",", "") + (m.group(2) or "")
@@ -299,22 +298,62 @@ def numbers_in_text(text: str) -> list[float]:
             continue
         whole = m.group(0).rstrip("%")
         neg = (whole.startswith("(") and whole.endswith(")")) or whole.lstrip("(").startswith("-")
-        out.append(-v if neg else v)
+        out.append((-v if neg else v, m))
     return out
+
+
+def numbers_in_text(text: str) -> list[float]:
+    """Every number written in `text` (thousands separators, $, %, accounting parentheses)."""
+    return [v for v, _ in _number_spans(text)]
+
+
+# Numbers an answer mentions for comparison, not as its result: "up from 1.2", "(from 394,328 to ...)".
+_ASIDE_RE = re.compile(r"\([^()]*[A-Za-z][^()]*\)")
+_REFERENCE_WORDS = re.compile(r"(?:\bfrom|\bcompared\s+(?:to|with)|\bversus|\bvs\.?|\bthan|\bagainst)\s*\$?\s*$", re.I)
+
+
+def stated_number(answer: str) -> tuple[float, str] | None:
+    """(value, as written) of the figure an answer states as its result: the last number outside
+    asides in parentheses, not a year, not a figure it compares against ("from X", "than X"), else
+    the last number (Issue 14: the first number of "In 2023, revenue fell 2.8%" is the year). None when it states no number."""
+    spans = _number_spans(answer)
+    if not spans:
+        return None
+    masked = _ASIDE_RE.sub(lambda m: " " * len(m.group(0)), answer)
+    kept = []
+    for v, m in spans:
+        if masked[m.start(): m.end()].strip() != m.group(0).strip():
+            continue                                   # inside an aside
+        if _REFERENCE_WORDS.search(answer[: m.start()]):
+            continue
+        if float(v).is_integer() and 1900 <= v <= 2100 and "," not in m.group(0) and "$" not in m.group(0) \
+                and "%" not in m.group(0) and len(spans) > 1:
+            continue                                   # a fiscal year
+        kept.append((v, m))
+    v, m = (kept or spans)[-1]
+    return v, answer[m.start(): m.end() + 12]
 
 
 def _close(a: float, b: float, rel: float) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
 
 
-def _answer_matches(stated: float, value: float, answer_text: str, rel: float) -> bool:
+_DECLINE_RE = re.compile(r"\b(?:fell|falls?|declined?|declines|decreased?|decreases|down|lower|dropped|drops?|"
+                         r"shrank|reduction|loss)\b", re.I)
+
+
+def _answer_matches(stated: float, value: float, written: str, rel: float, answer: str = "") -> bool:
+    """`written` is the stated number as written plus what follows it (its % or scale word); a
+    decline said in words ("fell by 2.8%") states the magnitude of a negative result."""
     candidates = [value]
-    low = answer_text.lower()
-    if "%" in answer_text or "percent" in low:
+    if value < 0 and stated > 0 and _DECLINE_RE.search(answer):
+        candidates = [-value]
+    low = written.lower()
+    if "%" in written or "percent" in low:
         candidates.append(value * 100)
     if re.search(r"\b(thousand|million|billion|trillion|[kmb]n?)\b", low):
         candidates += [value * f for f in (1e-3, 1e-6, 1e-9, 1e3, 1e6, 1e9)]
-    decimals = len(re.search(r"\d+(?:\.(\d+))?", answer_text.replace(",", "")).group(1) or "")
+    decimals = len(re.search(r"\d+(?:\.(\d+))?", written.replace(",", "")).group(1) or "")
     for c in candidates:
         if _close(stated, c, rel) or round(c, decimals) == round(stated, decimals):
             return True
@@ -357,24 +396,24 @@ def check_arithmetic(candidate: str, context: str, *, rel_tol: float = 5e-3,
     (allowing % and million/billion scale words).
     """
     answer = parse_final_answer(candidate)
-    stated_numbers = numbers_in_text(answer)
-    if not stated_numbers:
+    found = stated_number(answer)
+    if found is None:
         return ArithmeticCheck("not_numeric", detail="the answer states no number")
+    stated, written = found
     calcs = _CALC_RE.findall(candidate)
     if not calcs:
-        return ArithmeticCheck("no_calculation", stated=stated_numbers[0], detail="no 'Calculation:' line")
+        return ArithmeticCheck("no_calculation", stated=stated, detail="no 'Calculation:' line")
     expr = calcs[-1].split("=")[0].strip()
     try:
         value, operands = eval_arithmetic(expr)
     except ValueError as e:
-        return ArithmeticCheck("invalid", expression=expr, stated=stated_numbers[0], detail=str(e))
+        return ArithmeticCheck("invalid", expression=expr, stated=stated, detail=str(e))
     figures = numbers_in_text(context)
     missing = [o for o in operands if abs(o) not in constants and not any(_close(abs(o), abs(f), 1e-9) for f in figures)]
     if missing:
-        return ArithmeticCheck("operand_not_in_context", expr, value, stated_numbers[0],
+        return ArithmeticCheck("operand_not_in_context", expr, value, stated,
                                f"operands not found in the context: {', '.join(f'{m:g}' for m in missing)}")
-    stated = stated_numbers[0]
-    if not _answer_matches(stated, value, answer, rel_tol):
+    if not _answer_matches(stated, value, written, rel_tol, answer):
         return ArithmeticCheck("mismatch", expr, value, stated, f"the calculation gives {value:.6g}, the answer says {answer!r}")
     return ArithmeticCheck("verified", expr, value, stated)
 

@@ -7,28 +7,36 @@ of three dialects. What is checked, all as pure functions:
    is exactly one read-only query, and passes `dialect_lint`, which catches syntax sqlglot accepts
    leniently but the real engine rejects (`::` casts outside PostgreSQL, `LIMIT a, b` in
    PostgreSQL, `DISTINCT ON` outside PostgreSQL, ...).
-2. `execute_in_sqlite`: the schema and rows are loaded into an in-memory SQLite database (other
-   dialects are mapped onto SQLite's type affinities and transpiled with sqlglot) and the query
-   must run and return rows. A query that uses a function SQLite lacks (PostGIS, DATE_TRUNC) is
-   "unsupported", not "wrong": only a real server (`postgres_execute.py`) can judge it.
+2. Execution (`execute_sample`, run by `validate_sql_sample` in a worker process under memory,
+   row and byte limits, `execute_isolated`): on the dialect's real server when one is configured
+   (PostgreSQL, MySQL/MariaDB: `sql_engines`, a fresh database per query), else in an in-memory
+   SQLite database (other dialects mapped onto SQLite's type affinities and transpiled with
+   sqlglot). A query that uses a function SQLite lacks (PostGIS, DATE_TRUNC) is "unsupported"
+   there, not "wrong": only a real server can judge it.
 3. `distractor_leaks`: the gold query, qualified against the schema the model sees (real tables
    plus injected distractors), references no distractor table or column (`SELECT *` over a table
    with a distractor column counts as a reference). The execution in (2) runs on the schema
    *without* distractors, which is a second, independent proof.
 
-Execution is sandboxed the way an in-process database allows: an authorizer refuses ATTACH (no
-file access), a progress handler stops a query after `timeout_s` (a runaway recursive CTE), and at
-most `max_rows` rows are fetched.
+SQLite execution is sandboxed the way an in-process database allows: one statement (a second one
+is refused, not dropped), an authorizer refuses ATTACH (no file access) and PRAGMA, a progress
+handler stops a query after `timeout_s` (a runaway recursive CTE), no value may exceed 16 MB
+(`SELECT zeroblob(200000000)` fails at once), and at most 10,000 rows and 16 MB are fetched
+(`limit_exceeded` past either). Result sets compare order-insensitively unless the query orders
+them, NULL equal to NULL (`sql_engines.results_match`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import os
+import resource
 import sqlite3
+import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 import sqlglot
@@ -37,6 +45,10 @@ from sqlglot.errors import ErrorLevel, OptimizeError, ParseError, SqlglotError, 
 from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.tokens import TokenType
+
+from synth.domains.sql_engines import (MAX_BYTES, MAX_ROWS, SERVER_EXECUTORS, ExecutionResult, LimitExceeded, RowBudget,
+                                       StatementRefused, dsn_from_env, fetch_limited, finish, single_statement,
+                                       split_sql)
 
 # sqlglot warns on statements it keeps as opaque commands (CREATE EXTENSION ...); those are
 # reported in `sqlite_script`'s notes instead.
@@ -75,26 +87,6 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class ExecutionResult:
-    """What running a query gave. `status`: ok | error | empty | unsupported | timeout."""
-
-    status: str
-    engine: str
-    n_rows: int = 0
-    columns: list[str] = field(default_factory=list)
-    rows_preview: list[list[Any]] = field(default_factory=list)
-    result_sha256: str = ""
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -318,21 +310,21 @@ def sqlite_script(ddl: str, rows_sql: str, dialect: str) -> tuple[list[str], lis
     return out, notes
 
 
+_DENIED = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH, sqlite3.SQLITE_PRAGMA}
+
+
 def _deny_attach(action: int, *args: Any) -> int:
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+    """The authorizer: no ATTACH/DETACH (no file access), no PRAGMA (no engine settings)."""
+    return sqlite3.SQLITE_DENY if action in _DENIED else sqlite3.SQLITE_OK
 
 
-def _result_digest(columns: list[str], rows: list[tuple]) -> str:
-    payload = json.dumps({"columns": columns, "rows": [list(r) for r in rows]}, default=str, sort_keys=True)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-def load_sqlite(ddl: str, rows_sql: str, dialect: str, timeout_s: float = 5.0) -> sqlite3.Connection:
-    """An in-memory database holding `ddl` and `rows_sql`; raises ValueError naming the statement that failed."""
+def load_sqlite(ddl: str, rows_sql: str, dialect: str, timeout_s: float = 5.0,
+                max_value_bytes: int = MAX_BYTES) -> sqlite3.Connection:
+    """An in-memory database holding `ddl` and `rows_sql`; raises ValueError naming the statement
+    that failed. No value may exceed `max_value_bytes` (`SELECT zeroblob(200000000)` fails fast)."""
     statements, _ = sqlite_script(ddl, rows_sql, dialect)
     con = sqlite3.connect(":memory:")
+    con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
     con.set_authorizer(_deny_attach)
     deadline = time.monotonic() + timeout_s
     con.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
@@ -347,15 +339,22 @@ def load_sqlite(ddl: str, rows_sql: str, dialect: str, timeout_s: float = 5.0) -
 
 
 def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_rows: int = 1,
-                      timeout_s: float = 5.0, max_rows: int = 10_000, preview_rows: int = 5) -> ExecutionResult:
-    """Run `query` (in `dialect`) against `ddl` + `rows_sql` loaded into in-memory SQLite.
+                      timeout_s: float = 5.0, max_rows: int = MAX_ROWS, preview_rows: int = 5,
+                      max_bytes: int = MAX_BYTES) -> ExecutionResult:
+    """Run `query` (in `dialect`; exactly one statement, PRAGMA refused) against `ddl` + `rows_sql`
+    loaded into in-memory SQLite, fetching at most `max_rows` rows and `max_bytes` bytes.
 
     Status `unsupported` means the query is valid-looking but uses what SQLite cannot run (a
-    function SQLite lacks after transpilation); it is not evidence either way.
+    function SQLite lacks after transpilation); it is not evidence either way. `limit_exceeded`:
+    a result past the row or byte limit, or a value past SQLite's length limit.
     """
     dialect = canonical_dialect(dialect)
     try:
-        con = load_sqlite(ddl, rows_sql, dialect, timeout_s=timeout_s)
+        query = single_statement(query, dialect)
+    except StatementRefused as e:
+        return ExecutionResult("refused", "sqlite", error=str(e))
+    try:
+        con = load_sqlite(ddl, rows_sql, dialect, timeout_s=timeout_s, max_value_bytes=max_bytes)
     except (ValueError, ParseError, TokenError) as e:
         return ExecutionResult("error", "sqlite", error=f"schema or rows do not load: {short_error(e)}")
     try:
@@ -367,7 +366,9 @@ def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_
         con.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
         try:
             cur = con.execute(sqlite_sql)
-            rows = cur.fetchmany(max_rows + 1)
+            rows = fetch_limited(cur, RowBudget(max_rows, max_bytes))
+        except LimitExceeded as e:
+            return ExecutionResult("limit_exceeded", "sqlite", error=str(e))
         except sqlite3.OperationalError as e:
             msg = str(e)
             if msg == "interrupted":
@@ -375,18 +376,61 @@ def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_
             if dialect != "sqlite" and msg.startswith("no such function"):
                 return ExecutionResult("unsupported", "sqlite", error=f"{msg} (a {dialect} function SQLite lacks)")
             return ExecutionResult("error", "sqlite", error=msg)
+        except sqlite3.DataError as e:
+            return ExecutionResult("limit_exceeded", "sqlite", error=f"{e} (a value over {max_bytes} bytes)")
+        except sqlite3.DatabaseError as e:
+            status = "refused" if "not authorized" in str(e) else "error"
+            return ExecutionResult(status, "sqlite", error=str(e))
         except sqlite3.Error as e:
             return ExecutionResult("error", "sqlite", error=str(e))
         columns = [d[0] for d in cur.description or []]
-        if len(rows) > max_rows:
-            return ExecutionResult("error", "sqlite", error=f"returns more than {max_rows} rows")
-        status = "ok" if len(rows) >= min_rows else "empty"
-        return ExecutionResult(status, "sqlite", n_rows=len(rows), columns=columns,
-                               rows_preview=[list(r) for r in rows[:preview_rows]],
-                               result_sha256=_result_digest(columns, rows),
-                               error="" if status == "ok" else f"returned {len(rows)} rows, need at least {min_rows}")
+        return finish("sqlite", query, dialect, columns, rows, min_rows, preview_rows)
     finally:
         con.close()
+
+
+def execute_sample(query: str, ddl: str, rows_sql: str, dialect: str, *, dsn: str | None = None, min_rows: int = 1,
+                   timeout_s: float = 5.0, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES) -> ExecutionResult:
+    """Run a sample where its dialect runs: on the server at `dsn` (PostgreSQL or MySQL/MariaDB),
+    else in SQLite; a non-SQLite query that resolved but fails in SQLite is `unsupported` there."""
+    dialect = canonical_dialect(dialect)
+    kw = dict(min_rows=min_rows, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
+    if dsn and dialect in SERVER_EXECUTORS:
+        return SERVER_EXECUTORS[dialect](query, ddl, rows_sql, dsn, **kw)
+    result = execute_in_sqlite(query, ddl, rows_sql, dialect, **kw)
+    if dialect != "sqlite" and result.status == "error" and not result.error.startswith("schema or rows"):
+        result.status = "unsupported"
+        result.error = f"{result.error} (after transpiling {dialect} to SQLite; the query resolves against the schema)"
+    return result
+
+
+def _worker_limits(memory_mb: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def execute_isolated(query: str, ddl: str, rows_sql: str, dialect: str, *, dsn: str | None = None, min_rows: int = 1,
+                     timeout_s: float = 5.0, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES,
+                     memory_mb: int = 1024) -> ExecutionResult:
+    """`execute_sample` in a worker process (`python -m synth.domains.sql_validate`) whose address
+    space is capped at `memory_mb`: a result or value too large for it is `limit_exceeded`, a
+    worker past the time limit is killed (`timeout`). The validator's own memory is never at risk."""
+    spec = dict(query=query, ddl=ddl, rows_sql=rows_sql, dialect=dialect, dsn=dsn, min_rows=min_rows,
+                timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
+    engine = dialect if dsn and canonical_dialect(dialect) in SERVER_EXECUTORS else "sqlite"
+    wall_s = timeout_s + 60          # loading the schema, connecting, creating and dropping the database
+    try:
+        proc = subprocess.run([sys.executable, "-m", "synth.domains.sql_validate"], input=json.dumps(spec),
+                              capture_output=True, text=True, timeout=wall_s, env={**os.environ, "PYTHONHASHSEED": "0"},
+                              preexec_fn=lambda: _worker_limits(memory_mb))
+    except subprocess.TimeoutExpired:
+        return ExecutionResult("timeout", engine, error=f"the execution worker did not finish within {wall_s}s")
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        if proc.returncode < 0 or "MemoryError" in proc.stderr or "Cannot allocate" in proc.stderr:
+            return ExecutionResult("limit_exceeded", engine, error=f"the execution worker ran out of its {memory_mb} MB ({tail[:120]})")
+        return ExecutionResult("error", engine, error=f"the execution worker failed: {tail[:200]}")
+    return ExecutionResult(**json.loads(proc.stdout))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,19 +560,7 @@ def propose_distractors(tables: list[TableDef], rng: Any, n_tables: int = 2, n_c
 
 def split_statements(sql: str, dialect: str) -> list[str]:
     """The statements of a script as they were written (text between top-level semicolons)."""
-    tokens = sqlglot.tokenize(sql, read=canonical_dialect(dialect))
-    out: list[str] = []
-    start = 0
-    for t in tokens:
-        if t.token_type == TokenType.SEMICOLON:
-            piece = sql[start:t.start].strip()
-            if piece:
-                out.append(piece)
-            start = t.end + 1
-    tail = sql[start:].strip()
-    if tail:
-        out.append(tail)
-    return out
+    return split_sql(sql, canonical_dialect(dialect))
 
 
 _TABLE_CONSTRAINT_STARTS = {"CONSTRAINT", "PRIMARY", "PRIMARY KEY", "FOREIGN", "FOREIGN KEY", "UNIQUE", "KEY", "INDEX",
@@ -632,7 +664,8 @@ class SqlVerdict:
 def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, visible_ddl: str,
                         distractor_tables: list[str], distractor_columns: list[DistractorColumn],
                         min_rows: int = 1, timeout_s: float = 5.0, unsupported: str = "reject",
-                        min_distractors: int = 1, executor: Any = None) -> SqlVerdict:
+                        min_distractors: int = 1, executor: Any = None, dsn: str | None = None,
+                        max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES, memory_mb: int = 1024) -> SqlVerdict:
     """Every programmatic check of Nemotron 3 §2.10 on one sample, in order, stopping at the first
     failure (later checks would only repeat it):
 
@@ -640,9 +673,11 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
     resolution (every table and column the query names exists in the *clean* schema) ->
     distractors (at least `min_distractors` injected, none referenced) -> execution (rows come back).
 
-    `executor(query, ddl, rows_sql, dialect) -> ExecutionResult` replaces SQLite (a real PostgreSQL
-    server, see `postgres_execute.py`). For a non-SQLite dialect run in SQLite, a failure of a query
-    that resolved cleanly is `unsupported` (SQLite cannot judge it), and `unsupported` decides:
+    Execution runs in a worker process under memory, row and byte limits (`execute_isolated`):
+    on the dialect's real server when one is configured (`dsn`, else SYNTH_PG_DSN / SYNTH_MYSQL_DSN,
+    see `sql_engines`), else in SQLite. `executor(query, ddl, rows_sql, dialect) -> ExecutionResult`
+    replaces that choice. For a non-SQLite dialect run in SQLite, a failure of a query that
+    resolved cleanly is `unsupported` (SQLite cannot judge it), and `unsupported` decides:
     "reject" (default: nothing unverified is kept) or "accept".
     """
     dialect = canonical_dialect(dialect)
@@ -682,13 +717,21 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
     if executor is not None:
         result = executor(query, ddl, rows_sql, dialect)
     else:
-        result = execute_in_sqlite(query, ddl, rows_sql, dialect, min_rows=min_rows, timeout_s=timeout_s)
-        if dialect != "sqlite" and result.status == "error" and not result.error.startswith("schema or rows"):
-            result.status = "unsupported"
-            result.error = f"{result.error} (after transpiling {dialect} to SQLite; the query resolves against the schema)"
+        result = execute_isolated(query, ddl, rows_sql, dialect, dsn=dsn or dsn_from_env(dialect), min_rows=min_rows,
+                                  timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes, memory_mb=memory_mb)
     if result.status == "unsupported":
         ok = unsupported == "accept"
         checks.append(Check("execution", ok, f"not executable here: {result.error}"))
     else:
         checks.append(Check("execution", result.ok, f"{result.n_rows} rows" if result.ok else f"{result.status}: {result.error}"))
     return done(result)
+
+
+def _worker_main() -> None:
+    """The execution worker: one `execute_sample` spec (JSON) on stdin, its result (JSON) on stdout."""
+    spec = json.loads(sys.stdin.read())
+    sys.stdout.write(json.dumps(execute_sample(**spec).to_dict(), default=str))
+
+
+if __name__ == "__main__":
+    _worker_main()

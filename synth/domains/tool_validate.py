@@ -9,7 +9,7 @@ by a `{"role": "tool", "tool_call_id", "content"}` message. Tools are OpenAI too
 - `tool_definition_problems`: a toolset is well formed (names, JSON Schema of the parameters).
 - `tool_call_problems` (the paper's "Tool Verifier" plus rule checks): the function exists in the
   exposed subset, the arguments are a JSON object that validates against its schema with
-  `jsonschema`, no undeclared argument, no placeholder value copied from a prompt ("<id>", "string").
+  `jsonschema` (formats checked), no undeclared argument at any nesting level, no placeholder value copied from a prompt ("<id>", "string").
 - `conversation_problems`: the message structure (every call answered once, in order, by a tool
   message; results are JSON; the conversation ends with an assistant answer) and what the
   conversation type promises (single-turn: one user message; multi-turn: several; multi-step:
@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import SchemaError
 
 MAX_TOOLS_PER_TASK = 15          # Nemotron 3 §3.1.1: "tool subset <= 15 tools"
@@ -113,13 +113,31 @@ def parse_arguments(call: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+def closed_schema(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that does not set it,
+    nested ones included (properties, items, combinators, definitions), as OpenAI's strict mode reads it."""
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (closed_schema(v) if k in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
+                                         "additionalProperties", "contains") else v) for k, v in schema.items()}
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed_schema(sub) for name, sub in schema[key].items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def tool_call_problems(call: dict[str, Any], exposed: dict[str, dict[str, Any]], *,
                        allow_extra_arguments: bool = False, check_placeholders: bool = True) -> list[str]:
     """Problems of one tool call against the exposed functions (`tools_by_name` of the subset).
 
-    Schema validation uses Draft 2020-12 (`jsonschema`); `additionalProperties` is treated as false
-    unless the schema sets it, as OpenAI's strict mode does, because an argument the function does
-    not declare is a hallucination.
+    Schema validation uses Draft 2020-12 (`jsonschema`) with formats checked (`FormatChecker`:
+    date, date-time, email, uri, ...); `additionalProperties` is treated as false, at every level,
+    unless the schema sets it (`closed_schema`), as OpenAI's strict mode does, because an argument
+    the function does not declare is a hallucination.
     """
     if not isinstance(call, dict) or call.get("type", "function") != "function":
         return ["not a function tool call"]
@@ -134,10 +152,11 @@ def tool_call_problems(call: dict[str, Any], exposed: dict[str, dict[str, Any]],
     except ValueError as e:
         return [f"{name}: {e}"]
     schema = exposed[name].get("parameters") or {"type": "object", "properties": {}}
-    if not allow_extra_arguments and "additionalProperties" not in schema:
-        schema = {**schema, "additionalProperties": False}
+    if not allow_extra_arguments:
+        schema = closed_schema(schema)
+    validator = Draft202012Validator(schema, format_checker=FormatChecker())
     problems = [f"{name}: {'.'.join(str(p) for p in err.absolute_path) or 'arguments'}: {err.message}"
-                for err in sorted(Draft202012Validator(schema).iter_errors(args), key=lambda e: list(e.absolute_path))]
+                for err in sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))]
     for req in schema.get("required", []):
         if isinstance(args.get(req), str) and not args[req].strip():
             problems.append(f"{name}: required argument {req!r} is empty")

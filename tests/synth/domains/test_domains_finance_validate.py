@@ -13,6 +13,7 @@ from synth.domains.finance_validate import (
     Instance,
     cap_markdown,
     check_arithmetic,
+    stated_number,
     count_tokens_regex,
     dedup_questions,
     eval_arithmetic,
@@ -176,3 +177,23 @@ def test_dedup_removes_exact_and_near_duplicates_keeping_the_first():
     kept, removed = dedup_questions(qs, lambda q: q)
     assert kept == [qs[0], qs[2], qs[4]]
     assert [r for _, r in removed] == ["exact duplicate", "near duplicate of item 2"]
+
+
+@pytest.mark.parametrize("answer,value", [
+    ("-2.80%", -2.8),
+    ("In 2023, revenue fell 2.8%.", 2.8),
+    ("Revenue fell from $394,328 million to $383,285 million, a decline of 2.80%.", 2.8),
+    ("-2.8% (from 394,328 in 2022 to 383,285 in 2023)", -2.8),
+    ("The gross margin was 44.1% in fiscal 2023, up from 43.3%.", 44.1),
+    ("$2.8 billion", 2.8),
+])
+def test_the_stated_number_is_the_final_answer_not_the_first_number(answer, value):
+    assert stated_number(answer)[0] == pytest.approx(value)
+
+
+def test_arithmetic_reads_the_final_answer_of_a_sentence():
+    calc = "Calculation: (383,285 - 394,328) / 394,328 * 100\n"
+    assert check_arithmetic(calc + "Answer: In 2023, net sales fell by 2.80%.", CONTEXT).verified
+    assert check_arithmetic(calc + "Answer: Net sales went from $394,328 million to $383,285 million, -2.80%.", CONTEXT).verified
+    wrong = check_arithmetic(calc + "Answer: In 2023, net sales fell by 3.5%.", CONTEXT)
+    assert wrong.status == "mismatch" and wrong.stated == pytest.approx(3.5)
