@@ -56,14 +56,26 @@ def _worker(conn: Any) -> None:
             conn.send(("err", RuntimeError(f"check {getattr(fn, '__name__', fn)} returned something unpicklable: {e!r}")))
 
 
+IMPORT_TIMEOUT_S = 300.0
+
+
+def _load(module: str) -> None:
+    importlib.import_module(module)
+
+
 class _Worker:
     def __init__(self) -> None:
+        self.modules: set[str] = {"synth.verify"}
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen([sys.executable, "-m", "synth.checkpool", str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.conn = Connection(ours.detach())
+        # the worker says when its imports are done, so a call's time limit never pays for them
+        if not self.conn.poll(120) or self.conn.recv() != "ready":
+            self.kill()
+            raise CheckCrashed("a check worker did not start within 120 s")
 
     def kill(self) -> None:
         self.proc.kill()
@@ -101,40 +113,47 @@ class CheckPool:
         free = self._bind()
         async with free:
             w = self._take() if self._idle else await asyncio.to_thread(self._take)
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[Any] = loop.create_future()
-
-            def readable() -> None:
-                loop.remove_reader(w.conn.fileno())
-                try:
-                    msg = w.conn.recv()
-                except (EOFError, OSError) as e:
-                    if not fut.done():
-                        fut.set_exception(CheckCrashed(f"check {getattr(fn, '__name__', fn)}: worker died ({e!r})"))
-                    return
-                if not fut.done():
-                    fut.set_result(msg)
-
-            self.n_calls += 1
-            try:
-                w.conn.send((fn, args))
-                loop.add_reader(w.conn.fileno(), readable)
-                kind, value = await asyncio.wait_for(fut, timeout_s)
-            except (asyncio.TimeoutError, CheckCrashed, asyncio.CancelledError) as e:
-                try:
-                    loop.remove_reader(w.conn.fileno())
-                except (OSError, ValueError):
-                    pass
-                await asyncio.to_thread(w.kill)
-                if isinstance(e, asyncio.TimeoutError):
-                    self.n_timeouts += 1
-                    raise CheckTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g} s") from None
-                raise
+            if fn.__module__ not in w.modules:
+                # a worker's first call into a module imports it; that is not the check's time
+                await self._call(w, _load, (fn.__module__,), IMPORT_TIMEOUT_S)
+                w.modules.add(fn.__module__)
+            kind, value = await self._call(w, fn, args, timeout_s)
             with self._lock:
                 self._idle.append(w)
         if kind == "err":
             raise value
         return value
+
+    async def _call(self, w: _Worker, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> tuple[str, Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def readable() -> None:
+            loop.remove_reader(w.conn.fileno())
+            try:
+                msg = w.conn.recv()
+            except (EOFError, OSError) as e:
+                if not fut.done():
+                    fut.set_exception(CheckCrashed(f"check {getattr(fn, '__name__', fn)}: worker died ({e!r})"))
+                return
+            if not fut.done():
+                fut.set_result(msg)
+
+        self.n_calls += 1
+        try:
+            w.conn.send((fn, args))
+            loop.add_reader(w.conn.fileno(), readable)
+            return await asyncio.wait_for(fut, timeout_s)
+        except (asyncio.TimeoutError, CheckCrashed, asyncio.CancelledError) as e:
+            try:
+                loop.remove_reader(w.conn.fileno())
+            except (OSError, ValueError):
+                pass
+            await asyncio.to_thread(w.kill)
+            if isinstance(e, asyncio.TimeoutError):
+                self.n_timeouts += 1
+                raise CheckTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g} s") from None
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -162,10 +181,16 @@ def _close() -> None:
         _POOL.close()
 
 
+PRELOAD = ("synth.verify", "sympy", "sympy.parsing.sympy_parser")    # the math grader's, the common case
+
+
 def worker_main(fd: int) -> None:
-    """A worker (`python -m synth.checkpool FD`); the built-in verifiers are loaded before the first call."""
-    importlib.import_module("synth.verify")
-    _worker(Connection(fd))
+    """A worker (`python -m synth.checkpool FD`): loads `PRELOAD`, says ready, serves calls."""
+    conn = Connection(fd)
+    for mod in PRELOAD:
+        importlib.import_module(mod)
+    conn.send("ready")
+    _worker(conn)
 
 
 if __name__ == "__main__":

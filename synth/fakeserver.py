@@ -211,6 +211,8 @@ class ScriptedResponder:
 class ServerStats:
     n_requests: int = 0
     n_faults: dict[str, int] = field(default_factory=dict)
+    inflight: int = 0
+    max_inflight: int = 0               # the most chat requests answered at once
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -380,13 +382,20 @@ class FakeOpenAIServer:
             with self._lock:
                 self.stats.n_faults[fault.kind] = self.stats.n_faults.get(fault.kind, 0) + 1
             return await self._fault(fault, req, writer)
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
-        if req.get("stream"):
-            await self._stream(req, writer, truncate=False)
-        else:
-            writer.write(self._response(200, json.dumps(self._completion(req)).encode()))
-            await writer.drain()
+        with self._lock:
+            self.stats.inflight += 1
+            self.stats.max_inflight = max(self.stats.max_inflight, self.stats.inflight)
+        try:
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
+            if req.get("stream"):
+                await self._stream(req, writer, truncate=False)
+            else:
+                writer.write(self._response(200, json.dumps(self._completion(req)).encode()))
+                await writer.drain()
+        finally:
+            with self._lock:
+                self.stats.inflight -= 1
         return True
 
     async def _fault(self, fault: Fault, req: dict[str, Any], writer: asyncio.StreamWriter) -> bool:

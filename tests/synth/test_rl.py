@@ -74,3 +74,44 @@ def test_rollout_fields_keep_engine_ids_and_refuse_misaligned_logprobs():
     assert rl.rollout_fields(res, t, {}, 9)["rollout_logprobs"] is None
     res.token_ids = None
     assert rl.rollout_fields(res, t, {}, 9)["token_ids_source"] == "none"
+
+
+def _spearman_tied(xs, ys):
+    """Spearman's rho with average ranks for ties (a plateau of equal means is neither order)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+
+
+def test_gaussian_curriculum_is_monotone_easy_to_hard_on_skewed_pools():
+    """LN §6.2's intent on pools the target cannot follow: 60% of prompts at 5/8, mostly unsolved,
+    bimodal. Full batches come easiest first (mean pass rate never rises) and Spearman of batch
+    index vs mean pass rate is strongly negative."""
+    rng = random.Random(0)
+    shapes = {
+        "60% at 5/8": [5 / 8 if rng.random() < 0.6 else rng.randint(0, 7) / 8 for _ in range(2000)],
+        "mostly unsolved": [0.0 if rng.random() < 0.7 else rng.randint(1, 7) / 8 for _ in range(2000)],
+        "bimodal": [rng.choice([0, 1, 6, 7]) / 8 if rng.random() < 0.9 else rng.randint(0, 7) / 8 for _ in range(2000)],
+    }
+    for name, rates in shapes.items():
+        items = [(f"p{i}", r) for i, r in enumerate(rates)]
+        batches = rl.gaussian_curriculum_batches(items, batch_size=64, seed=1)
+        assert sorted(i for b in batches for i in b) == sorted(i for i, _ in items), name
+        rate = dict(items)
+        means = [sum(rate[i] for i in b) / len(b) for b in batches]
+        full = means[:-1] if len(batches[-1]) < 64 else means
+        assert all(a >= b for a, b in zip(full, full[1:])), name
+        assert _spearman_tied(list(range(len(means))), means) <= -0.85, name
