@@ -9,6 +9,12 @@
 written atomically (temporary directory, then rename), so a killed writer never leaves a half
 checkpoint that a reader could pick up. `list_checkpoints` returns only complete ones. Retention keeps
 the last N plus every K-th step (`prune`).
+
+state.json records the sha256 of every tensor file (`files`); `load_weights` and
+`load_optimizer_state` check it before loading, so a flipped bit or a truncated file is an error
+naming the file, never a model trained on. `resume_point` picks the newest checkpoint that passes
+(a damaged one is reported by path and the one before it is used) and refuses a resume whose
+config changes the model or the data order (`GUARDED`) unless the change is allowed by name.
 """
 
 from __future__ import annotations
@@ -18,19 +24,25 @@ import json
 import os
 import random
 import re
-import shutil
 from pathlib import Path
 from typing import Any
+
+from typing import Iterable
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from common import atomic
+from common import atomic, storage
 from common.errors import ContractError
+from common.hashing import sha256_file
+from common.log import get_logger
 from common.manifest import utc_now
 from common.version import code_version
+
+log = get_logger("trainer.checkpoint")
 
 CHECKPOINT_SCHEMA = "trainer-checkpoint/1"
 WEIGHTS, OPTIMIZER, STATE = "model.safetensors", "optimizer.pt", "state.json"
@@ -63,6 +75,7 @@ class CheckpointState(BaseModel):
     model: dict[str, Any]                  # ModelConfig fields
     weights_dtype: str = "float32"
     sources: list[dict[str, Any]] = Field(default_factory=list)   # averages: the checkpoints averaged
+    files: dict[str, str] = Field(default_factory=dict)   # sha256 of each tensor file (older checkpoints: none)
     created_at: str = Field(default_factory=utc_now)
     code_version: str = Field(default_factory=code_version)
 
@@ -125,7 +138,7 @@ def _py_state_from_json(st) -> tuple:
 def save_checkpoint(directory: str | os.PathLike, weights: dict[str, torch.Tensor],
                     optimizer_state: dict[str, Any] | None, state: CheckpointState) -> Path:
     """Write a checkpoint directory atomically. `directory` is the final path (e.g. .../step_00000120)."""
-    directory = Path(directory)
+    directory = storage.path(directory)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
     dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors.values()}
     state = state.model_copy(update={"weights_dtype": ",".join(sorted(dtypes))})
@@ -134,6 +147,7 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, torch.Tenso
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})   # one key: header bytes are deterministic
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER)
+        state = state.model_copy(update={"files": {f.name: sha256_file(f) for f in sorted(tmp.iterdir())}})
         (tmp / STATE).write_text(json.dumps(state.to_json_dict(), indent=2, sort_keys=True) + "\n")
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -143,7 +157,7 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, torch.Tenso
 
 def read_state(directory: str | os.PathLike) -> CheckpointState:
     """Read and validate state.json; errors name the file and the field."""
-    path = Path(directory) / STATE
+    path = storage.local_copy(directory) / STATE
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -161,30 +175,173 @@ def read_state(directory: str | os.PathLike) -> CheckpointState:
                             field=".".join(str(p) for p in err["loc"])) from None
 
 
+_VERIFIED: set[tuple[str, int, int, str]] = set()     # (path, size, mtime_ns, sha256) already checked
+
+
+def verify_file(directory: str | os.PathLike, name: str) -> None:
+    """Check one tensor file of a checkpoint against the sha256 its state.json records (older
+    checkpoints record none: nothing to check). Raises ContractError naming the file."""
+    path = Path(directory) / name
+    want = read_state(directory).files.get(name)
+    if want is None or not path.is_file():
+        return
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, want)
+    if key in _VERIFIED:
+        return
+    got = sha256_file(path)
+    if got != want:
+        raise ContractError(path, f"sha256 {got[:16]}… does not match the {want[:16]}… recorded in state.json: "
+                                  "the checkpoint is damaged")
+    _VERIFIED.add(key)
+
+
+def verify_checkpoint(directory: str | os.PathLike) -> CheckpointState:
+    """state.json, with every tensor file it lists checked against its sha256 (an older checkpoint
+    without hashes: the weights' header is parsed). Raises ContractError naming the bad file."""
+    directory = Path(directory)
+    state = read_state(directory)
+    for name in state.files:
+        if not (directory / name).is_file():
+            raise ContractError(directory / name, "missing (state.json records its sha256)")
+        verify_file(directory, name)
+    if not state.files:
+        try:
+            with safe_open(str(directory / WEIGHTS), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise ContractError(directory / WEIGHTS, f"not a readable safetensors file ({e})") from None
+    return state
+
+
 def load_weights(directory: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    path = Path(directory) / WEIGHTS
+    path = storage.local_copy(directory) / WEIGHTS
     if not path.is_file():
         raise ContractError(path, "weights file missing")
-    return load_file(str(path), device=str(device))
+    verify_file(directory, WEIGHTS)
+    try:
+        return load_file(str(path), device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise ContractError(path, f"weights unreadable ({e})") from None
 
 
 def load_optimizer_state(directory: str | os.PathLike) -> dict[str, Any]:
-    path = Path(directory) / OPTIMIZER
+    path = storage.local_copy(directory) / OPTIMIZER
     if not path.is_file():
         raise ContractError(path, "optimizer state missing (an averaged checkpoint has none; "
                                   "use init_from.load_optimizer: false)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    verify_file(directory, OPTIMIZER)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as e:     # truncated zip, bad pickle
+        raise ContractError(path, f"optimizer state unreadable ({type(e).__name__}: {e})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Resume: the newest checkpoint that passes its checks, with a config that may continue it
+# --------------------------------------------------------------------------------------------
+
+# Config keys (and sections) whose change would alter the model or the order of the data: a
+# resumed run with another value is a different run, refused unless allowed by name.
+GUARDED = ("model", "precision", "seed", "objective", "train.global_batch", "data.train", "data.seq_len",
+           "data.synthetic", "data.document_mask", "data.document_positions")
+# Keys a resumed run may change freely (how long, how it logs and saves, where it runs).
+FREE = ("train.steps", "train.micro_batch", "train.gc_every_steps", "schedule.extend", "log", "eval",
+        "checkpoint", "notes", "device", "compile", "deterministic", "parallel", "fp8", "run_dir")
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dumps (nested sections compared key by key)."""
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        key = f"{prefix}{k}"
+        a, b = saved.get(k), current.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, key + ".")
+        elif a != b:
+            out.append(key)
+    return out
+
+
+def _under(key: str, sections: Iterable[str]) -> bool:
+    return any(key == s or key.startswith(s + ".") for s in sections)
+
+
+def _allowed(key: str, allow: Iterable[str]) -> bool:
+    """`allow` names a key by its full path (`model.overrides.d_model`), its last parts (`d_model`,
+    `overrides.d_model`) or a section (`model`)."""
+    return any(key == a or key.endswith("." + a) or key.startswith(a + ".") for a in allow)
+
+
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allow: Iterable[str] = (),
+                        where: object = "checkpoint") -> list[str]:
+    """Refuse (ContractError) a resume whose config changes a `GUARDED` key that `allow` does not
+    name; return the other changed keys (not `FREE`), which the caller reports."""
+    allow = list(allow)
+    changed = [k for k in config_changes(saved, current) if not _under(k, FREE)]
+    refused = [k for k in changed if _under(k, GUARDED) and not _allowed(k, allow)]
+    if refused:
+        detail = ", ".join(f"{k}: {_value_at(saved, k)!r} -> {_value_at(current, k)!r}" for k in refused)
+        names = " ".join(k.split(".")[-1] for k in refused)
+        raise ContractError(where, f"resuming would change the model or the data order ({detail}); "
+                                   f"restore the saved values, start a new run_dir, or pass "
+                                   f"--allow-config-change {names}", field=refused[0])
+    return [k for k in changed if k not in refused]
+
+
+def _value_at(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+def resume_point(ckpt_dir: str | os.PathLike, config: dict[str, Any],
+                 allow_changes: Iterable[str] = ()) -> tuple[Path, CheckpointState] | None:
+    """The checkpoint a run resumes from: the newest complete one whose files match their sha256
+    (a damaged one is reported by path and renamed `<step dir>.damaged`, and the one before it
+    tried), with its config checked
+    against `config` (`check_resume_config`). None when the run has no checkpoint yet; a
+    ContractError when every checkpoint is damaged."""
+    damaged: list[str] = []
+    for _, directory in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            state = verify_checkpoint(directory)
+            if state.kind == "train":
+                verify_file(directory, OPTIMIZER)
+        except ContractError as e:
+            aside = directory.with_name(directory.name + DAMAGED_SUFFIX)
+            log.warning("checkpoint %s is damaged (%s); moved to %s, resuming from the one before it",
+                        directory, e, aside.name)
+            damaged.append(str(e))
+            try:
+                os.replace(directory, aside)      # kept for a post-mortem; no longer a checkpoint, so the
+            except OSError:                       # resumed run writes this step again (another rank may
+                pass                              # have moved it already)
+            continue
+        others = check_resume_config(state.config, config, allow_changes, directory / STATE)
+        if others:
+            log.warning("resuming %s with a changed config: %s", directory, ", ".join(others))
+        return directory, state
+    if damaged:
+        raise ContractError(ckpt_dir, "every checkpoint is damaged (" + "; ".join(damaged) + ")")
+    return None
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
     """Complete checkpoints under `root`, by step. Temporaries of a killed writer are ignored."""
-    root = Path(root)
+    root = storage.path(root)
     if not root.is_dir():
         return []
     out = []
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / STATE).is_file() and (p / WEIGHTS).is_file():
+        if m and p.is_dir() and storage.has_committed(p, STATE) and storage.has_committed(p, WEIGHTS):
             out.append((int(m.group(1)), p))
     return sorted(out)
 
@@ -196,8 +353,8 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A checkpoint directory, or a directory of checkpoints (-> the latest), or a run directory."""
-    path = Path(path)
-    if (path / STATE).is_file():
+    path = storage.path(path)
+    if storage.has_committed(path, STATE):
         return path
     for root in (path, path / "checkpoints"):
         latest = latest_checkpoint(root)
@@ -222,6 +379,6 @@ def prune(root: str | os.PathLike, keep_last: int, keep_every: int, protect: set
     deleted = []
     for step, path in found:
         if step not in keep:
-            shutil.rmtree(path, ignore_errors=True)
+            storage.remove_tree(path)
             deleted.append(step)
     return deleted
