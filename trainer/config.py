@@ -10,24 +10,23 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from common.config import apply_overrides, load_yaml
+from common.config import StrictModel, apply_overrides, load_yaml, validate
 from common.errors import ContractError
+from trainer.fp8.recipe import Fp8Recipe
 from trainer.model import PRESETS, ModelConfig, preset_config
 from trainer.optim import OptimConfig
+from trainer.parallel import AC_MODES
 from trainer.schedules import ConstantSchedule, ScheduleConfig
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelSection(_Strict):
+class ModelSection(StrictModel):
     preset: str = "tiny"
     overrides: dict[str, Any] = Field(default_factory=dict)   # any ModelConfig field; vocab_size comes from data
+    vocab_multiple: int | None = Field(None, gt=0)   # pad the data's vocabulary up to a multiple (e.g. 128)
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSection":
@@ -41,14 +40,19 @@ class ModelSection(_Strict):
     def build(self, vocab_size: int | None, seq_len: int | None) -> ModelConfig:
         over = dict(self.overrides)
         if vocab_size is not None:
-            over.setdefault("vocab_size", vocab_size)
+            over.setdefault("vocab_size", padded_vocab(vocab_size, self.vocab_multiple))
         cfg = preset_config(self.preset, **over)
         if seq_len is not None and cfg.max_seq_len < seq_len:
             cfg = cfg.model_copy(update={"max_seq_len": seq_len})
         return cfg
 
 
-class SyntheticData(_Strict):
+def padded_vocab(vocab_size: int, multiple: int | None) -> int:
+    """The vocabulary rounded up to `multiple` (rows past the tokenizer's are never a target)."""
+    return vocab_size if not multiple else -(-vocab_size // multiple) * multiple
+
+
+class SyntheticData(StrictModel):
     """A learnable synthetic token stream (a seeded sparse Markov chain with EOS-separated
     documents), for benchmarks and tests that need no shards. Exactly resumable by sequence index."""
     vocab_size: int = 256
@@ -58,7 +62,7 @@ class SyntheticData(_Strict):
     mean_doc_tokens: int = 48
 
 
-class DataSection(_Strict):
+class DataSection(StrictModel):
     train: str | None = None                  # shard-set directory (mixtures); None: synthetic
     eval: str | None = None                   # held-out shard-set directory
     synthetic: SyntheticData | None = None
@@ -78,35 +82,40 @@ class DataSection(_Strict):
         return self
 
 
-class TrainSection(_Strict):
+class TrainSection(StrictModel):
     steps: int = Field(gt=0)                  # optimizer steps in this run (from its start step)
     global_batch: int = Field(8, gt=0)        # sequences per optimizer step, all ranks together
     micro_batch: int = Field(4, gt=0)         # sequences per forward/backward on one rank
+    gc_every_steps: int = Field(50, ge=0)     # Python GC is off in the loop; a young collection every N
 
 
-class CheckpointSection(_Strict):
+class CheckpointSection(StrictModel):
     every_steps: int = Field(50, ge=0)        # 0: only at the end
     keep_last: int = Field(3, ge=1)
     keep_every: int = Field(0, ge=0)          # also keep every K-th step forever (0: none)
     at_end: bool = True
 
 
-class EvalSection(_Strict):
+class EvalSection(StrictModel):
     every_steps: int = Field(0, ge=0)         # 0: only at the end (if data.eval is set)
     sequences: int = Field(32, gt=0)          # held-out sequences per evaluation (the same ones each time)
     at_end: bool = True
 
 
-class LogSection(_Strict):
+class LogSection(StrictModel):
     every_steps: int = Field(1, gt=0)         # progress line frequency
-    detail_every: int = Field(1, gt=0)        # per-layer zero-grad fractions and effective LRs
+    detail_every: int | None = Field(None, gt=0)   # per-layer zero-grad fractions and effective LRs
+                                              # (host syncs); default: every step on CPU, every 100 on CUDA
     progress: Literal["line", "bar", "none"] = "line"
     tensorboard: bool = False
 
 
-class InitFrom(_Strict):
-    """Start from another run's checkpoint (phase 2 from phase 1, CDC from CD at resume_step)."""
-    path: str                                 # checkpoint dir, or a checkpoints dir / run dir (latest)
+class InitFrom(StrictModel):
+    """Start from another run's checkpoint (phase 2 from phase 1, CDC from CD at resume_step), or
+    from a Hugging Face Qwen3 directory (`hf:`, imported by `trainer.hf`). The optimizer state's
+    tensors (moments, MuonH radii) come along; its settings are this config's."""
+    path: str | None = None                   # checkpoint dir, or a checkpoints dir / run dir (latest)
+    hf: str | None = None                     # a Hugging Face Qwen3 model directory (no optimizer state)
     load_optimizer: bool = True
     continue_data: bool = False               # keep reading the same stream from its cursor
     reset_step: bool = False                  # count steps from 0 instead of continuing the counter
@@ -115,10 +124,12 @@ class InitFrom(_Strict):
     def _check(self) -> "InitFrom":
         if self.path == "REQUIRED":
             raise ValueError("set init_from.path to the checkpoint to start from (the preset leaves it open)")
+        if (self.path is None) == (self.hf is None):
+            raise ValueError("init_from needs exactly one of path (a checkpoint) and hf (a Hugging Face directory)")
         return self
 
 
-class AverageSection(_Strict):
+class AverageSection(StrictModel):
     """Build the CMA model at the end of the run: the equal-weight average of the last `n`
     checkpoints, `spacing` steps apart (Puro §3.4: six, 100 steps), written to <run_dir>/average."""
     n: int = Field(6, ge=1)
@@ -126,7 +137,19 @@ class AverageSection(_Strict):
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
 
 
-class RunConfig(_Strict):
+class ParallelSection(StrictModel):
+    """How the model is spread over ranks under torchrun, and what the backward recomputes."""
+    data: Literal["ddp"] = "ddp"
+    activation_checkpointing: str = "none"    # none | selective | full (trainer.parallel)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelSection":
+        if self.activation_checkpointing not in AC_MODES:
+            raise ValueError(f"activation_checkpointing must be one of {', '.join(AC_MODES)}")
+        return self
+
+
+class RunConfig(StrictModel):
     schema_: str = Field("trainer-run/1", alias="schema")
     run_dir: str
     seed: int = 0
@@ -135,14 +158,16 @@ class RunConfig(_Strict):
     objective: Literal["pretrain", "sft"] = "pretrain"
     precision: Literal["auto", "fp32", "bf16", "fp8-blockwise"] = "auto"   # auto: fp32 on CPU, bf16 on CUDA
     device: str = "auto"
-    compile: bool = False
-    deterministic: bool = True
+    compile: bool = False                     # per-block torch.compile of the model, and of the loss chunk
+    deterministic: bool | None = None         # default: on for CPU (free there), off for CUDA
+    fp8: Fp8Recipe | None = None              # the blockwise FP8 recipe (precision: fp8-blockwise)
     train: TrainSection
     schedule: ScheduleConfig = Field(default_factory=lambda: ConstantSchedule(lr=1e-3))
     optim: OptimConfig = Field(default_factory=OptimConfig)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     log: LogSection = Field(default_factory=LogSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
     init_from: InitFrom | None = None
     average: AverageSection | None = None
     notes: dict[str, Any] = Field(default_factory=dict)   # free-form labels (e.g. variant: CMA)
@@ -151,6 +176,8 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_average(self) -> "RunConfig":
+        if self.fp8 is not None and self.precision != "fp8-blockwise":
+            raise ValueError(f"an fp8 recipe is set but precision is {self.precision!r} (use fp8-blockwise)")
         a, c = self.average, self.checkpoint
         if a is not None:
             if c.every_steps == 0 or a.spacing % c.every_steps:
@@ -200,9 +227,4 @@ def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None 
     raw = _resolve_extends(raw, origin)
     raw = apply_overrides(raw, overrides or [])
     raw = _resolve_extends(raw, origin)       # an override may set `extends`
-    try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ContractError(path or "<config>", f"{err['msg']} (input: {err.get('input')!r:.80})", field=field) from None
+    return validate(RunConfig, raw, path or "<config>")

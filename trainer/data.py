@@ -34,6 +34,12 @@ class MicroBatch:
         return MicroBatch(move(self.inputs), move(self.targets), move(self.loss_mask), move(self.doc_ids),
                           move(self.positions))
 
+    def pin(self) -> "MicroBatch":
+        """The same batch in page-locked memory (asynchronous host-to-GPU copies)."""
+        pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
+        return MicroBatch(pin(self.inputs), pin(self.targets), pin(self.loss_mask), pin(self.doc_ids),
+                          pin(self.positions))
+
     @property
     def n_loss_tokens(self) -> int:
         return int(self.targets.numel() if self.loss_mask is None else self.loss_mask.sum().item())

@@ -1,7 +1,8 @@
 """A Qwen3-style dense decoder in plain PyTorch (Puro §2.1: Qwen3-1.7B shapes, untied embeddings).
 
 Read top to bottom: config and presets, RMSNorm, rotary embeddings, attention (grouped-query heads,
-QK-norm, `F.scaled_dot_product_attention`, optional document masking), SwiGLU MLP, block, model.
+QK-norm, `F.scaled_dot_product_attention`; with document masking on CUDA, FlexAttention and a block
+mask, so no dense (B, 1, T, T) mask exists), SwiGLU MLP, block, model.
 Module and parameter names mirror Hugging Face's `Qwen3ForCausalLM` (`model.layers.3.self_attn.q_proj`
 ...) so export is a rename-free copy (`trainer.export`).
 
@@ -105,16 +106,39 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T) boolean mask: a token attends to earlier tokens of its own document only.
+def document_block_mask(doc_ids: torch.Tensor):
+    """FlexAttention block mask: a token attends to earlier tokens of its own document only.
 
     doc_ids: (B, T) integers that change value at each document boundary (e.g. the running count of
-    EOS tokens). True = may attend, as `scaled_dot_product_attention` expects.
-    """
+    EOS tokens). Blocks of 128 x 128 that cross no boundary are skipped or computed unmasked, so the
+    cost falls with the documents' length and no (B, T, T) tensor is built."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = doc_ids.shape
+
+    def same_doc_causal(b, h, q, kv):
+        return (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
+
+    return create_block_mask(same_doc_causal, B, None, T, T, device=doc_ids.device)
+
+
+def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """The same mask as a dense (B, 1, T, T) boolean tensor (True = may attend), for CPU, where
+    FlexAttention has no backward; the reference the block mask is tested against."""
     T = doc_ids.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]                              # (B, T, T)
-    return (same_doc & causal)[:, None]
+    return ((doc_ids[:, :, None] == doc_ids[:, None, :]) & causal)[:, None]
+
+
+def document_mask(doc_ids: torch.Tensor):
+    """The attention mask of packed documents: a FlexAttention block mask on CUDA, dense on CPU."""
+    return document_block_mask(doc_ids) if doc_ids.is_cuda else dense_document_mask(doc_ids)
+
+
+def _flex_attention(q, k, v, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
 class Attention(nn.Module):
@@ -129,7 +153,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)     # (B,H,T,Dh)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B,K,T,Dh)
@@ -137,8 +161,10 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
+        elif isinstance(mask, torch.Tensor):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        else:
+            y = _flex_attention(q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -211,9 +237,9 @@ class Transformer(nn.Module):
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, V).
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+               doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) -> final normed hidden states (B, T, D), the LM head's input.
 
         positions (B, T): rotary positions (default 0..T-1; pass per-document positions to restart
         them at each document). doc_ids (B, T): when given, attention is masked to each document.
@@ -227,10 +253,15 @@ class Transformer(nn.Module):
             sin = self.rope_sin[positions][:, None]
         x = self.model.embed_tokens(tokens)                                     # (B,T,D)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        mask = None if doc_ids is None else document_causal_mask(doc_ids)
+        mask = None if doc_ids is None else document_mask(doc_ids)
         for block in self.model.layers:
             x = block(x, cos, sin, mask)
-        return self.lm_head(self.model.norm(x))                                 # (B,T,V)
+        return self.model.norm(x)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V); see `hidden`."""
+        return self.lm_head(self.hidden(tokens, positions, doc_ids))            # (B,T,V)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, device: str | torch.device = "cpu") -> Transformer:

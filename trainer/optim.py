@@ -321,6 +321,27 @@ class CombinedOptimizer:
         for k, opt in self.optimizers.items():
             opt.load_state_dict(state[k])
 
+    def load_state_tensors(self, state: dict[str, Any]) -> None:
+        """Load the checkpoint's state tensors but keep this optimizer's settings (init_from)."""
+        self.load_state_dict({k: _with_current_settings(state[k], opt.state_dict(), k)
+                              for k, opt in self.optimizers.items() if k in state} if set(state) == set(self.optimizers)
+                             else state)
+
+
+def _with_current_settings(saved: dict[str, Any], current: dict[str, Any], part: str) -> dict[str, Any]:
+    """`saved`'s state tensors under `current`'s param-group settings (lr_mult, momentum, weight
+    decay, betas ...): what `init_from` loads, so a phase-2 config's optimizer settings apply."""
+    if len(saved["param_groups"]) != len(current["param_groups"]):
+        raise ValueError(f"optimizer part {part!r}: the checkpoint has {len(saved['param_groups'])} param groups, "
+                         f"this run {len(current['param_groups'])}")
+    groups = []
+    for s, c in zip(saved["param_groups"], current["param_groups"]):
+        if len(s["params"]) != len(c["params"]) or s.get("name") != c.get("name"):
+            raise ValueError(f"optimizer part {part!r}: param group {c.get('name')!r} ({len(c['params'])} tensors) "
+                             f"does not match the checkpoint's {s.get('name')!r} ({len(s['params'])})")
+        groups.append({**c, "params": s["params"]})
+    return {"state": saved["state"], "param_groups": groups}
+
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
     """Route the model's parameters (behaviour 20) and build MuonH/Muon/ELR-Muon + AdamW groups.

@@ -38,6 +38,7 @@ class _Sched(BaseModel):
     warmup_steps: int = 0
     hold_from_step: int | None = None     # absolute step S: lr(s >= S) = lr(S)  (CMA continuation)
     horizon_steps: int | None = None      # the schedule's length from the run's start (default: the run's)
+    extend: bool = False                  # a resumed run may end elsewhere than planned (re-shapes the schedule)
 
 
 class ConstantSchedule(_Sched):
@@ -78,6 +79,7 @@ class HoldSchedule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["hold"] = "hold"
     lr: float | Literal["init"] = "init"
+    extend: bool = False
 
 
 ScheduleConfig = Annotated[

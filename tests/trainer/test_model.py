@@ -4,7 +4,7 @@ masking, deterministic non-zero init, and a forward torch.compile traces without
 import pytest
 import torch
 
-from trainer.model import (ModelConfig, build_model, count_params, document_causal_mask, preset_config,
+from trainer.model import (ModelConfig, build_model, count_params, dense_document_mask, document_block_mask, preset_config,
                            token_losses)
 from trainer.optim import is_matrix_role, route_params
 
@@ -71,8 +71,29 @@ def test_document_mask_isolates_packed_documents():
     torch.testing.assert_close(out[0, :7], model(d1[None])[0], rtol=1e-5, atol=1e-5)
     without_mask = model(packed)
     assert not torch.allclose(without_mask[0, 7:], out[0, 7:], atol=1e-4)
-    mask = document_causal_mask(doc_ids)
-    assert mask.shape == (1, 1, 16, 16) and not mask[0, 0, 7, 6] and mask[0, 0, 8, 7] and not mask[0, 0, 7, 8]
+    mask = document_block_mask(doc_ids)
+    allowed = lambda q, kv: bool(mask.mask_mod(torch.tensor(0), torch.tensor(0), torch.tensor(q), torch.tensor(kv)))  # noqa: E731
+    assert mask.shape[-2:] == (16, 16) and not allowed(7, 6) and allowed(8, 7) and not allowed(7, 8)
+
+
+def test_flex_document_mask_equals_the_dense_reference():
+    """Attention through FlexAttention's block mask (what CUDA runs) equals SDPA with the dense
+    (B, 1, T, T) mask (CPU): grouped-query heads, documents crossing the 128-token blocks, a block
+    with no document boundary. (FlexAttention has no backward on CPU; its backward is its own.)"""
+    from trainer.model import _flex_attention
+
+    torch.manual_seed(0)
+    B, H, K, T, Dh = 2, 4, 2, 300, 32
+    q, k, v = (torch.randn(B, n, T, Dh, dtype=torch.float64) for n in (H, K, K))
+    doc_ids = torch.cumsum((torch.rand(B, T) < 0.01).long(), dim=1)
+    doc_ids[1, 150:] += 1                                      # a boundary inside a block
+    got = _flex_attention(q, k, v, document_block_mask(doc_ids))
+    dense = dense_document_mask(doc_ids)
+    assert dense.shape == (B, 1, T, T)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(got, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                    enable_gqa=True))
 
 
 def test_token_losses_ignore_and_match_cross_entropy():

@@ -1,0 +1,275 @@
+"""GPU throughput of the training loop users run, `python -m trainer train`, beside the peers.
+
+Each variant of ours is one `python -m trainer train --config RUN.yaml` subprocess (the product CLI:
+its run config, its shard reader, its compiled step), whose `metrics.jsonl` gives the per-step times,
+MFU and peak memory; the peers (torchtitan 0.3.0 BF16, torchao blockwise FP8 in torchtitan) are
+measured by `../shared/bench/peer_torchtitan/peer_bench.py` in the same call on the same GPU.
+
+    # here (CPU), once: a shard set of real text (the Python standard library, Qwen BPE, compact ids)
+    .venv/bin/python benchmarks/gpu_loop.py prepare --out .gpu_data
+    # on the GPU (with .gpu_data, .peer and the wheels carried):
+    python benchmarks/gpu_loop.py run --data .gpu_data/shards --out $OUT --peer .peer
+
+The model is the `1.7b` preset with the vocabulary padded to Qwen's 151,936 (`model.overrides.vocab_size`;
+the shard set's own vocabulary is smaller), sequence 4096, 64 sequences = 262,144 tokens per step,
+micro-batch 4; `compile: true`; no checkpoints, no evaluation. Tokens/s is the median over the steps
+after `--skip` (the first step compiles). Output: `gpu_loop.json` in --out (and in
+benchmarks/results/ when copied there): {"variants": {name: {tokens_per_s, step_ms, mfu, peak_mem_gib,
+...}}, "ratios", "device", "date", "commit"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+OURS = {
+    "ours-bf16": {"precision": "bf16"},
+    "ours-fp8-blockwise": {"precision": "fp8-blockwise"},
+}
+PEER_NAMES = {"titan-bf16": "titan-bf16", "titan-fp8-blockwise": "torchao-blockwise-in-titan",
+              "titan-fp8-tensorwise": "titan-fp8-tensorwise", "titan-fp8-rowwise": "titan-fp8-rowwise"}
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_loop {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------- prepare
+
+
+def prepare(out: Path, tokens: int) -> dict:
+    """Shard set (mixtures writer) of the first `tokens` train tokens of benchmarks/gpu_corpus.py."""
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import numpy as np
+    from gpu_corpus import build, load
+    from mixtures import write_token_lists
+
+    corpus = out / "corpus.npz"
+    if not corpus.is_file():
+        build(corpus)
+    train, _, meta = load(corpus)
+    train = train[:tokens].astype(np.int64)
+    eos = meta["eos_id"]
+    cuts = np.flatnonzero(train == eos)
+    docs, start = [], 0
+    for c in cuts:
+        if c > start:
+            docs.append(train[start:c])
+        start = c + 1
+    write_token_lists(out / "shards", docs, seq_len=4096, vocab_size=meta["vocab_size"], eos_id=eos)
+    info = {"corpus": meta["source"], "tokens": int(train.size), "documents": len(docs),
+            "vocab_size": meta["vocab_size"]}
+    (out / "shards.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+# ---------------------------------------------------------------------------------------- run
+
+
+def run_config(name: str, data: str, run_dir: Path, steps: int, micro_batch: int, extra: dict) -> dict:
+    cfg = {
+        "run_dir": str(run_dir),
+        "model": {"preset": "1.7b", "overrides": {"vocab_size": 151936}},
+        "data": {"train": data, "seq_len": 4096, "loop": True},
+        "train": {"steps": steps, "global_batch": 64, "micro_batch": micro_batch},
+        "schedule": {"kind": "constant", "lr": 1e-3, "warmup_steps": 2},
+        "checkpoint": {"every_steps": 0, "at_end": False},
+        "eval": {"at_end": False},
+        "log": {"progress": "line", "every_steps": 1},
+        "compile": True,
+        "notes": {"benchmark": name},
+    }
+    for key, value in extra.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+def summarize(metrics: Path, skip: int) -> dict:
+    recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    train = [r for r in recs if r.get("kind") == "train"]
+    timed = train[skip:]
+    if not timed:
+        raise RuntimeError(f"{metrics}: {len(train)} train records, none after the first {skip}")
+    step_s = [r["step_time_s"] for r in timed]
+    med = statistics.median(step_s)
+    tokens = timed[0]["tokens_per_s"] * timed[0]["step_time_s"]
+    return {
+        "tokens_per_s": tokens / med,
+        "step_ms": 1e3 * med,
+        "step_ms_all": [round(1e3 * r["step_time_s"], 1) for r in train],
+        "step_ms_max_over_median": max(step_s) / med,
+        "first_step_s": train[0]["step_time_s"],
+        "mfu": statistics.median(r["mfu"] for r in timed) if "mfu" in timed[0] else None,
+        "peak_mem_gib": max((r["peak_mem_gib"] for r in train if "peak_mem_gib" in r), default=None),
+        "loss": [round(r["loss"], 4) for r in train],
+        "tokens_per_step": int(round(tokens)),
+    }
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def run_ours(name: str, args, extra: dict) -> dict:
+    run_dir = Path(args.work) / name
+    cfg_path = Path(args.work) / f"{name}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    base = OURS.get(name) or (OURS["ours-fp8-blockwise"] if "fp8" in name else OURS["ours-bf16"])
+    cfg = run_config(name, args.data, run_dir, args.steps, args.micro_batch, {**base, **extra})
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "trainer", "train", "--config", str(cfg_path)]
+    log(f"{name}: {' '.join(cmd)}")
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.variant_timeout)
+    except subprocess.TimeoutExpired as e:
+        (Path(args.out) / f"{name}.log").write_text(_text(e.stdout) + _text(e.stderr))
+        raise
+    (Path(args.out) / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return {"ok": False, "error": (proc.stderr or proc.stdout)[-3000:], "wall_s": time.time() - t0}
+    res = summarize(run_dir / "metrics.jsonl", args.skip)
+    res.update(ok=True, wall_s=round(time.time() - t0, 1), command=" ".join(cmd[1:]), config=cfg)
+    log(f"{name}: {res['tokens_per_s']:.0f} tokens/s, step {res['step_ms']:.0f} ms, mfu {res['mfu']}, "
+        f"peak {res['peak_mem_gib']:.1f} GiB, steps {res['step_ms_all']}")
+    return res
+
+
+def run_peer(args) -> dict:
+    peer = Path(args.peer)
+    site = Path("/tmp/peer")
+    wheels = sorted(str(w) for w in peer.glob("*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--target", str(site), *wheels], check=True)
+    out = Path(args.out) / "peer"
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, str(peer / "peer_bench.py"), "--out", str(out), "--isolate", "--variants",
+           args.peer_variants, "--steps", str(args.peer_steps), "--budget-s", str(args.peer_timeout - 40)]
+    log("peer: " + " ".join(cmd))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.peer_timeout)
+    (Path(args.out) / "peer.log").write_text(proc.stdout + proc.stderr)
+    got = {}
+    peer_json = out / "peer.json"
+    if peer_json.is_file():
+        data = json.loads(peer_json.read_text())
+        for rec in data.get("variants", data.get("results", [])) if isinstance(data, dict) else data:
+            if isinstance(rec, dict) and rec.get("variant") in PEER_NAMES:
+                got[PEER_NAMES[rec["variant"]]] = {
+                    "ok": rec.get("ok"), "tokens_per_s": rec.get("tokens_per_s"), "step_ms": rec.get("step_ms_median"),
+                    "step_ms_all": rec.get("step_ms"), "mfu": rec.get("mfu_vs_bf16_peak"),
+                    "peak_mem_gib": rec.get("peak_mem_gib"), "error": rec.get("error"),
+                    "command": "peer_bench.py " + " ".join(cmd[2:])}
+    return got
+
+
+def ratios(v: dict) -> dict:
+    def tps(name):
+        r = v.get(name) or {}
+        return r.get("tokens_per_s") if r.get("ok") else None
+
+    out = {}
+    for a, b in (("ours-bf16", "titan-bf16"), ("ours-fp8-blockwise", "torchao-blockwise-in-titan"),
+                 ("ours-fp8-blockwise", "ours-bf16"), ("torchao-blockwise-in-titan", "titan-bf16")):
+        if tps(a) and tps(b):
+            out[f"{a} / {b}"] = tps(a) / tps(b)
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def device_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="write the shard set (CPU)")
+    p.add_argument("--out", default=".gpu_data")
+    p.add_argument("--tokens", type=int, default=2_400_000)
+    p = sub.add_parser("run", help="measure our variants and the peers")
+    p.add_argument("--data", default=".gpu_data/shards")
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/tmp/gpu_loop")
+    p.add_argument("--variants", default=",".join(OURS))
+    p.add_argument("--set", action="append", default=[], help="VARIANT:key.sub=value (YAML value) for one variant")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--skip", type=int, default=2, help="steps left out of the median (compile)")
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--variant-timeout", type=int, default=240)
+    p.add_argument("--peer", default=None, help="a copy of ../shared/bench/peer_torchtitan (omit: no peers)")
+    p.add_argument("--peer-variants", default="titan-bf16,titan-fp8-blockwise")
+    p.add_argument("--peer-steps", type=int, default=3)
+    p.add_argument("--peer-timeout", type=int, default=330)
+    p.add_argument("--peer-first", action="store_true")
+    args = ap.parse_args()
+    if args.command == "prepare":
+        print(json.dumps(prepare(Path(args.out), args.tokens), indent=1))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, dict] = {}
+    for item in args.set:
+        name, kv = item.split(":", 1)
+        k, v = kv.split("=", 1)
+        extra.setdefault(name, {})[k] = yaml.safe_load(v)
+    result = {"device": device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "commit": git_commit(), "argv": sys.argv, "variants": {}}
+
+    def write():
+        result["ratios"] = ratios(result["variants"])
+        (out / "gpu_loop.json").write_text(json.dumps(result, indent=1))
+
+    def peers():
+        if args.peer:
+            try:
+                result["variants"].update(run_peer(args))
+            except (subprocess.SubprocessError, OSError) as e:
+                result["peer_error"] = f"{type(e).__name__}: {e}"[:2000]
+            write()
+
+    if args.peer_first:
+        peers()
+    for name in args.variants.split(","):
+        try:
+            result["variants"][name] = run_ours(name, args, extra.get(name, {}))
+        except (subprocess.SubprocessError, OSError, RuntimeError) as e:
+            result["variants"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+        write()
+    if not args.peer_first:
+        peers()
+    write()
+    for k, v in result["ratios"].items():
+        print(f"{k}: {v:.3f}")
+    for k, v in result["variants"].items():
+        print(k, {x: v.get(x) for x in ("ok", "tokens_per_s", "step_ms", "mfu", "peak_mem_gib")})
+
+
+if __name__ == "__main__":
+    main()
