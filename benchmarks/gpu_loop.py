@@ -157,7 +157,7 @@ def run_peer(args) -> dict:
     wheels = sorted(str(w) for w in peer.glob("*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--target", str(site), *wheels], check=True)
-    out = Path(args.out) / "peer"
+    out = Path(args.work) / "peer"              # its per-variant folders stay out of --out
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, str(peer / "peer_bench.py"), "--out", str(out), "--isolate", "--variants",
@@ -168,6 +168,7 @@ def run_peer(args) -> dict:
     got = {}
     peer_json = out / "peer.json"
     if peer_json.is_file():
+        (Path(args.out) / "peer.json").write_text(peer_json.read_text())
         data = json.loads(peer_json.read_text())
         for rec in data.get("variants", data.get("results", [])) if isinstance(data, dict) else data:
             if isinstance(rec, dict) and rec.get("variant") in PEER_NAMES:

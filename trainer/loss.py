@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 IGNORE = -100
 DEFAULT_CHUNK_TOKENS = 8192
