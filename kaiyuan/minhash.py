@@ -314,18 +314,23 @@ def shingle_sets(shingles: Ragged) -> Ragged:
 
 
 def intersection_sizes(a: Ragged, b: Ragged) -> np.ndarray:
-    """|A_i & B_i| for every pair i of sets (each without repeats, as `shingle_sets` gives),
-    vectorized: all values sorted by (pair, value); a value present twice in one pair is shared."""
+    """|A_i & B_i| for every pair i of sets, each sorted without repeats (as `shingle_sets` gives):
+    the smaller set of each pair is binary-searched in the larger (numpy `searchsorted`), which
+    costs O(|small| log |large|) per pair and no sort."""
     n = len(a.lengths)
     if len(b.lengths) != n:
         raise ValueError(f"{n} left sets but {len(b.lengths)} right sets")
-    values = np.concatenate([a.values, b.values])
-    pair = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), a.lengths),
-                           np.repeat(np.arange(n, dtype=np.int64), b.lengths)])
-    order = np.lexsort((values, pair))
-    v, p = values[order], pair[order]
-    shared = (v[1:] == v[:-1]) & (p[1:] == p[:-1])
-    return np.bincount(p[1:][shared], minlength=n).astype(np.int64)
+    oa, ob = a.offsets, b.offsets
+    out = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        x, y = a.values[oa[i]:oa[i + 1]], b.values[ob[i]:ob[i + 1]]
+        if len(x) < len(y):
+            x, y = y, x
+        if len(y) == 0:
+            continue
+        pos = np.minimum(np.searchsorted(x, y), len(x) - 1)
+        out[i] = np.count_nonzero(x[pos] == y)
+    return out
 
 
 def jaccard(intersection: np.ndarray | int, size_a: np.ndarray | int, size_b: np.ndarray | int) -> np.ndarray:

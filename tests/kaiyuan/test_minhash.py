@@ -166,3 +166,32 @@ def test_fold64_matches_scalar_reference():
     got = mh.fold64(cols)
     for i in range(50):
         assert int(got[i]) == mh.fold64_scalar([int(c[i]) for c in cols])
+
+
+def test_exact_intersections_of_many_pairs_equal_python_sets():
+    rng = random.Random(5)
+    docs = [" ".join(_words(rng, rng.randrange(0, 80), vocab=40)) for _ in range(60)]
+    sets = mh.shingle_sets(mh.document_shingles(docs, 3, "word"))
+    off = sets.offsets
+    as_set = [set(sets.values[off[i]:off[i + 1]].tolist()) for i in range(len(docs))]
+    assert all(list(sets.values[off[i]:off[i + 1]]) == sorted(as_set[i]) for i in range(len(docs)))   # sorted, no repeats
+    pairs = [(rng.randrange(60), rng.randrange(60)) for _ in range(300)]
+
+    def take(ix):
+        return mh.Ragged(np.concatenate([sets.values[off[i]:off[i + 1]] for i in ix]), sets.lengths[list(ix)])
+
+    a, b = take([p for p, _ in pairs]), take([q for _, q in pairs])
+    inter = mh.intersection_sizes(a, b)
+    assert inter.tolist() == [len(as_set[p] & as_set[q]) for p, q in pairs]
+    js = mh.jaccard(inter, a.lengths, b.lengths)
+    assert js.tolist() == [mh.exact_jaccard(as_set[p], as_set[q]) for p, q in pairs]
+    assert mh.exact_jaccard(set(), set()) == 1.0 and mh.exact_jaccard({1}, set()) == 0.0
+
+
+@pytest.mark.parametrize("threshold, expected", [(0.7, (18, 6)), (0.8, (14, 8))])
+def test_bands_rows_for_a_threshold_favour_recall(threshold, expected):
+    b, r = mh.lsh_bands_rows(threshold, 112)
+    assert (b, r) == expected                               # 0.8 gives FineWeb's 14 x 8
+    assert mh.candidate_probability(threshold, b, r) >= 0.89
+    balanced = mh.optimal_bands_rows(threshold, 112)
+    assert mh.candidate_probability(threshold, b, r) > mh.candidate_probability(threshold, *balanced) + 0.3
