@@ -19,14 +19,28 @@ export TOKENIZERS_PARALLELISM=false
 export PYSPARK_PYTHON=$(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
 
-.PHONY: demo test test-slow test-gpu setup check-java clean-demo
+.PHONY: demo test test-slow test-gpu setup check-java clean-demo system-packages
 .PHONY: teacher-env vllm-env llamacpp-env
 
 demo: setup teacher-env
 	$(PY) -m demo $(DEMO_ARGS)
 
-test: setup
+test: setup system-packages
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# Debian packages the tests use: the text-to-SQL tests start throwaway PostgreSQL and MariaDB servers
+# (tests/synth/domains/sql_servers.py) and common.sandbox isolates code with bubblewrap. Installed when
+# missing and we are root (CI); otherwise a warning, and the tests that need them skip with the reason.
+system-packages:
+	@missing=""; \
+	 command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	 command -v mariadbd >/dev/null 2>&1 || test -x /usr/sbin/mariadbd || missing="$$missing mariadb-server"; \
+	 if [ -z "$$missing" ]; then exit 0; fi; \
+	 if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	   echo "installing Debian packages:$$missing"; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	 else echo "WARNING: Debian packages missing:$$missing (apt-get install -y$$missing); tests that need them skip" >&2; fi
 
 test-slow: setup vllm-env   # synth and trainer slow tests serve models with vLLM from .venv-vllm
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)

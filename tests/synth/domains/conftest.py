@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.synth.domains.sql_servers import mysql_dsn, pg_dsn  # noqa: F401  (session fixtures: throwaway servers)
+
 
 class Script:
     """A scripted teacher: the first rule whose needles all occur in the last user message (or,

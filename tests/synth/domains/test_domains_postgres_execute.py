@@ -1,55 +1,18 @@
-"""Text-to-SQL execution on a real PostgreSQL server (started here in a temporary directory when
-the Debian `postgresql` binaries and the `postgres` user exist; skipped otherwise)."""
+"""Text-to-SQL execution on a real PostgreSQL server (the session's throwaway server, `pg_dsn` in
+sql_servers.py; skipped when the Debian package is missing)."""
 
 from __future__ import annotations
-
-import glob
-import os
-import shutil
-import subprocess
-import tempfile
 
 import pytest
 
 from synth.domains.postgres_execute import execute_in_postgres, executor_from_env
 from synth.domains.sql_validate import DistractorColumn, validate_sql_sample
+from tests.synth.domains.sql_servers import scratch_databases_left
 
 DDL = """CREATE TABLE customers (id SERIAL PRIMARY KEY, name VARCHAR(80) NOT NULL, city VARCHAR(40));
 CREATE TABLE orders (order_id SERIAL PRIMARY KEY, customer_id INT REFERENCES customers(id), total NUMERIC(10, 2), placed_on DATE);"""
 ROWS = """INSERT INTO customers (name, city) VALUES ('Ana', 'Lyon'), ('Bo', 'Oslo');
 INSERT INTO orders (customer_id, total, placed_on) VALUES (1, 10.5, '2024-01-03'), (2, 7, '2024-02-01'), (1, 3, '2024-02-09');"""
-
-
-def _pg_bin() -> str | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return os.path.dirname(found[-1]) if found else None
-
-
-@pytest.fixture(scope="module")
-def pg_dsn():
-    bindir = _pg_bin()
-    if bindir is None or shutil.which("psql") is None:
-        pytest.skip("PostgreSQL server binaries (Debian package postgresql) or psql not installed")
-    as_user: list[str] = []
-    if os.geteuid() == 0:                       # initdb refuses to run as root
-        if shutil.which("runuser") is None or subprocess.run(["id", "postgres"], capture_output=True).returncode != 0:
-            pytest.skip("running as root without a 'postgres' user to own the cluster")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    tmp = tempfile.mkdtemp(prefix="synth-pg-")
-    os.chmod(tmp, 0o777)
-    data, port = os.path.join(tmp, "data"), 55000 + os.getpid() % 1000
-    subprocess.run([*as_user, f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "synth", "--no-sync"],
-                   check=True, capture_output=True)
-    # the server must not inherit our pipes (run() would wait for them to close): log to a file
-    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-l", os.path.join(tmp, "server.log"),
-                    "-o", f"-k {tmp} -p {port} -c listen_addresses=''", "-w", "-t", "60", "start"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90)
-    try:
-        yield f"postgresql://synth@/postgres?host={tmp}&port={port}"
-    finally:
-        subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_postgres_runs_what_sqlite_cannot_judge(pg_dsn):
@@ -63,11 +26,8 @@ def test_postgres_runs_what_sqlite_cannot_judge(pg_dsn):
     assert execute_in_postgres("SELECT pg_sleep(3)", DDL, ROWS, pg_dsn, timeout_s=0.5).status == "timeout"
     bad_rows = execute_in_postgres("SELECT 1", DDL, "INSERT INTO orders (customer_id) VALUES (99);", pg_dsn)
     assert bad_rows.status == "error" and "foreign key" in bad_rows.error
-    # everything was rolled back: no schema or table is left behind
-    left = subprocess.run(["psql", "-X", "-A", "-t", "-d", pg_dsn, "-c",
-                           "SELECT count(*) FROM information_schema.schemata WHERE schema_name LIKE 'synth_%'"],
-                          capture_output=True, text=True, check=True)
-    assert left.stdout.strip() == "0"
+    # every scratch database was dropped: nothing is left behind
+    assert scratch_databases_left(pg=pg_dsn) == []
 
 
 def test_full_validation_uses_the_server_when_configured(pg_dsn, monkeypatch):

@@ -164,3 +164,43 @@ def test_conversation_type_and_tool_count_rules(toolsets):
     assert any("at most 15 allowed" in p for p in v.problems())
     no_tools = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     assert "no tool was called" in conversation_problems(no_tools, tools, conversation_type="single_turn").problems()
+
+
+BOOKING = {"book_trip": {"name": "book_trip", "description": "Book a trip.", "parameters": {
+    "type": "object", "required": ["traveller", "depart"],
+    "properties": {
+        "depart": {"type": "string", "format": "date"},
+        "return_at": {"type": "string", "format": "date-time"},
+        "traveller": {"type": "object", "required": ["name", "email"],
+                      "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"},
+                                     "address": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        "legs": {"type": "array", "items": {"type": "object", "properties": {"from": {"type": "string"}, "to": {"type": "string"}}}},
+        "site": {"type": "string", "format": "uri"},
+    }}}}
+TRAVELLER = {"name": "Ana", "email": "ana@example.org"}
+
+
+@pytest.mark.parametrize("args,why", [
+    ({"traveller": TRAVELLER, "depart": "2025-02-30"}, "is not a 'date'"),
+    ({"traveller": TRAVELLER, "depart": "next tuesday"}, "is not a 'date'"),
+    ({"traveller": TRAVELLER, "depart": "2025-03-04", "return_at": "2025-03-09 morning"}, "is not a 'date-time'"),
+    ({"traveller": {"name": "Ana", "email": "ana at example"}, "depart": "2025-03-04"}, "is not a 'email'"),
+    ({"traveller": TRAVELLER, "depart": "2025-03-04", "site": "not a uri"}, "is not a 'uri'"),
+    ({"traveller": {**TRAVELLER, "seat": "12A"}, "depart": "2025-03-04"}, "traveller: Additional properties are not allowed ('seat'"),
+    ({"traveller": {**TRAVELLER, "address": {"city": "Oslo", "zip": "0150"}}, "depart": "2025-03-04"},
+     "traveller.address: Additional properties are not allowed ('zip'"),
+    ({"traveller": TRAVELLER, "depart": "2025-03-04", "legs": [{"from": "OSL", "to": "LIS", "via": "CPH"}]},
+     "legs.0: Additional properties are not allowed ('via'"),
+])
+def test_formats_and_nested_objects_are_validated(args, why):
+    problems = tool_call_problems(call("book_trip", args), BOOKING)
+    assert any(why in p for p in problems), problems
+
+
+def test_a_well_formed_nested_call_passes_and_explicit_open_objects_stay_open():
+    args = {"traveller": {**TRAVELLER, "address": {"city": "Oslo"}}, "depart": "2025-03-04",
+            "return_at": "2025-03-09T08:00:00Z", "legs": [{"from": "OSL", "to": "LIS"}], "site": "https://example.org/trip"}
+    assert tool_call_problems(call("book_trip", args), BOOKING) == []
+    open_schema = {"book_trip": {**BOOKING["book_trip"], "parameters": {
+        "type": "object", "properties": {"meta": {"type": "object", "additionalProperties": True}}}}}
+    assert tool_call_problems(call("book_trip", {"meta": {"anything": 1}}), open_schema) == []
