@@ -19,7 +19,20 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from common.config import load_config, load_yaml
+from common import atomic
+from common.config import load_config, load_yaml, validate
+from proxy_eval import fits
+from proxy_eval.contracts import PcaFile, SuiteResults, TrackFile
+from proxy_eval.decide import suggest_from_plan
+from proxy_eval.evaluate import evaluate_suite
+from proxy_eval.loading import open_scorer
+from proxy_eval.merge import best_per_point, track_run
+from proxy_eval.pca import biplot, capability_pca
+from proxy_eval.plan import PlanConfig, make_plan
+from proxy_eval.profiles import build_profile, read_profile
+from proxy_eval.run import ProxyRunConfig, ProxyRunner, run_one_slice
+from proxy_eval.slices import describe_plan
+from proxy_eval.tasks import SuiteConfig
 
 
 def _print(obj) -> None:
@@ -27,9 +40,6 @@ def _print(obj) -> None:
 
 
 def cmd_plan(args) -> int:
-    from proxy_eval.plan import PlanConfig, make_plan
-    from proxy_eval.slices import describe_plan
-
     cfg = load_config(PlanConfig, args.config, args.overrides)
     plan = make_plan(cfg)
     for line in describe_plan(plan.decisions):
@@ -39,12 +49,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from proxy_eval.run import ProxyRunConfig, ProxyRunner
-
     cfg = load_config(ProxyRunConfig, args.config, args.overrides)
     manifest = ProxyRunner(cfg, progress=lambda m: print(f"[proxy] {m}", flush=True)).run()
-    from proxy_eval.profiles import read_profile
-
     for line in read_profile(Path(cfg.out) / "profile").table_lines():
         print(line)
     print(json.dumps({"out": cfg.out, "steps": manifest.steps, "profile": manifest.profile}))
@@ -52,19 +58,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_run_slice(args) -> int:
-    from proxy_eval.run import ProxyRunConfig, run_one_slice
-
-    cfg = ProxyRunConfig.model_validate(json.loads(Path(args.config).read_text()))
+    cfg = validate(ProxyRunConfig, json.loads(Path(args.config).read_text()), args.config)
     m = run_one_slice(cfg, args.slice, args.steps)
     print(json.dumps({"slice": m.slice, "checkpoint": m.checkpoint}))
     return 0
 
 
 def cmd_eval(args) -> int:
-    from proxy_eval.evaluate import evaluate_suite
-    from proxy_eval.loading import open_scorer
-    from proxy_eval.tasks import SuiteConfig
-
     suite = load_config(SuiteConfig, args.suite, args.overrides)
     scorer = open_scorer(args.model, tokenizer=args.tokenizer, device=args.device, name=args.name,
                          max_length=suite.max_length)
@@ -81,22 +81,11 @@ def _results_rows(items: list[str]) -> list[dict]:
     for item in items:
         name, _, path = item.rpartition("=")
         p = Path(path)
-        if p.is_dir():
-            p = p / "results.json"
-        raw = json.loads(p.read_text())
-        if raw.get("schema") != "proxy_eval.results/1":
-            from common.errors import ContractError
-
-            raise ContractError(p, f"schema is {raw.get('schema')!r}, expected 'proxy_eval.results/1'", field="schema")
-        for t in raw["tasks"]:
-            rows.append({"slice": name or raw["model"], **{k: t[k] for k in ("task", "group", "format", "metric", "value",
-                                                                               "stderr", "n", "higher_is_better")}})
+        rows += SuiteResults.read(p / "results.json" if p.is_dir() else p).rows(name or None)
     return rows
 
 
 def cmd_profile(args) -> int:
-    from proxy_eval.profiles import build_profile
-
     profile = build_profile(_results_rows(args.results))
     paths = profile.write(args.out)
     for line in profile.table_lines():
@@ -112,17 +101,13 @@ def _capability_matrix(profile, level: str, exclude: set[str]):
 
 
 def cmd_pca(args) -> int:
-    from proxy_eval.pca import biplot, capability_pca
-    from proxy_eval.profiles import read_profile
-    from common import atomic
-
     profile = read_profile(args.profile)
     table = _capability_matrix(profile, args.level, set(filter(None, args.exclude.split(","))))
     anchors = [a for a in args.anchors.split(",") if a] if args.anchors else None
     res = capability_pca(table.to_numpy(dtype=float), list(table.index), list(table.columns), sign_anchors=anchors)
     out = Path(args.out)
     png = biplot(res, out / "biplot.png")
-    atomic.write_json(out / "pca.json", {"schema": "proxy_eval.pca/1", "level": args.level, **res.to_dict()})
+    PcaFile(level=args.level, **res.to_dict()).write(out / "pca.json")
     evr = ", ".join(f"PC{i + 1} {100 * v:.1f}%" for i, v in enumerate(res.explained_variance_ratio))
     print(f"explained variance: {evr}")
     for i, v in enumerate(res.variables):
@@ -142,10 +127,6 @@ def _parse_weights(text: str | None) -> dict[str, float] | None:
 
 
 def cmd_suggest(args) -> int:
-    from proxy_eval.profiles import read_profile
-    from proxy_eval.decide import suggest_from_plan
-    from common import atomic
-
     profile = read_profile(args.profile)
     base = load_yaml(args.base_spec) if args.base_spec else {}
     result = suggest_from_plan(
@@ -164,8 +145,6 @@ def cmd_suggest(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from proxy_eval import fits
-
     with open(args.csv, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     if args.kind == "cost":
@@ -192,26 +171,19 @@ def cmd_fit(args) -> int:
                "heldout_rmse": {n: fit.heldout_rmse(curves[n]) for n in held if n in curves}}
     _print(out)
     if args.out:
-        from common import atomic
-
         atomic.write_json(args.out, out)
     return 0
 
 
 def cmd_track(args) -> int:
-    from common import atomic
-    from proxy_eval.merge import best_per_point, track_run
-    from proxy_eval.tasks import SuiteConfig
-
     suite = load_config(SuiteConfig, args.suite, args.overrides)
     windows = [int(w) for w in args.windows.split(",") if w]
     points = track_run(args.run, suite, windows=windows, shape=args.shape, tokenizer=args.tokenizer, at=args.at,
                        batch_size=args.batch_size)
     best = best_per_point(points)
     out = Path(args.out)
-    atomic.write_json(out / "track.json", {"schema": "proxy_eval.track/1", "shape": args.shape, "windows": windows,
-                                            "points": [p.to_dict() for p in points],
-                                            "best": {str(k): v.to_dict() for k, v in best.items()}})
+    TrackFile(shape=args.shape, windows=windows, points=[p.to_dict() for p in points],
+              best={str(k): v.to_dict() for k, v in best.items()}).write(out / "track.json")
     lines = ["end_step,window,average," + ",".join(sorted(points[0].scores))]
     for p in points:
         lines.append(f"{p.end_step},{p.window},{p.average:.6g}," + ",".join(f"{p.scores[t]:.6g}" for t in sorted(p.scores)))

@@ -12,7 +12,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from common.component import Component
+from mixtures.spec import parse_spec
 from proxy_eval.plan import SlicePlan
 from proxy_eval.profiles import Profile
 from proxy_eval.suggest import capacity_caps, mixture_spec_draft, suggest_mixture
@@ -90,10 +93,6 @@ def suggest_from_plan(profile: Profile, plan_dir: str | Path, emphasis: dict[str
     text = mixture_spec_draft(suggestion, comps, base=base, name=name)
     valid, problem = None, None
     if "tokenizer" in base and "seq_len" in base:
-        import yaml
-
-        from mixtures.spec import parse_spec
-
         try:
             parse_spec(yaml.safe_load(text), source="<draft>")
             valid = True

@@ -13,6 +13,7 @@ from typing import Any
 from common import atomic
 from common.log import get_logger
 from common.sandbox import SandboxJob, SandboxLimits, run_many
+from proxy_eval.contracts import SuiteResults
 from proxy_eval.extract import answers_match, extract_answer, harness_exact_match, regex_first
 from proxy_eval.metrics import Estimate, bits_per_byte, mc_item_scores, mean_estimate, olmes_best, ratio_estimate
 from proxy_eval.models import ScoringModel, cut_at_stop
@@ -184,9 +185,8 @@ class SuiteResult:
         for r in self.results:
             lines = "".join(json.dumps(s, sort_keys=True, ensure_ascii=False, default=str) + "\n" for s in r.samples)
             atomic.write_text(directory / "samples" / f"{r.task}.jsonl", lines)
-        atomic.write_json(directory / "results.json", {
-            "schema": "proxy_eval.results/1", "suite": self.suite, "model": self.model, "batch_size": self.batch_size,
-            "tasks": [r.summary() for r in self.results]})
+        SuiteResults(suite=self.suite, model=self.model, batch_size=self.batch_size,
+                     tasks=[r.summary() for r in self.results]).write(directory / "results.json")
 
 
 def load_suite(suite: SuiteConfig) -> list[LoadedTask]:

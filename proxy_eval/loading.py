@@ -10,8 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from common.errors import ContractError
+from mixtures.tokenizers import load_tokenizer as mixtures_tokenizer
+from trainer import checkpoint as ckpt
+from trainer.export import tokenizer_for_checkpoint
+from trainer.model import ModelConfig, build_model
 from proxy_eval.models import CausalLMScorer, HFCausalLMScorer, TorchModuleScorer, load_tokenizer
 
 
@@ -33,16 +38,11 @@ def open_tokenizer(spec: Any) -> Any:
         return None
     if isinstance(spec, (str, os.PathLike)):
         return load_tokenizer(spec)
-    from mixtures.tokenizers import load_tokenizer as mixtures_tokenizer
-
     return mixtures_tokenizer(spec)
 
 
 def load_trainer_model(checkpoint: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any]:
     """The trainer's model with a checkpoint's weights (fp32), and the checkpoint state."""
-    from trainer import checkpoint as ckpt
-    from trainer.model import ModelConfig, build_model
-
     src = ckpt.resolve_checkpoint(checkpoint)
     state = ckpt.read_state(src)
     cfg = ModelConfig.model_validate(state.model)
@@ -61,8 +61,6 @@ def trainer_checkpoint_tokenizer(state: Any) -> Any:
     data = (state.config or {}).get("data", {})
     if data.get("tokenizer"):
         return open_tokenizer(data["tokenizer"])
-    from trainer.export import tokenizer_for_checkpoint
-
     path, eos = tokenizer_for_checkpoint(state)
     return load_tokenizer(path, eos_token=eos) if path is not None else None
 
@@ -80,8 +78,6 @@ def open_scorer(path: str | os.PathLike, tokenizer: Any = None, device: str = "c
     kw: dict[str, Any] = {"device": device, "name": name or p.name, "prefix_token_id": prefix_token_id,
                           "prefix_contexts": prefix_contexts}
     if is_hf_model_dir(p):
-        from transformers import AutoModelForCausalLM
-
         model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
         tok = tok or load_tokenizer(p)
         return HFCausalLMScorer(model, tok, max_length=max_length, **kw)

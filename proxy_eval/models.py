@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 
 # ---- tokenizers ------------------------------------------------------------------------------
@@ -80,8 +82,6 @@ def load_tokenizer(path: str | os.PathLike, eos_token: str | None = None) -> HFT
     """A `tokenizer.json` file, or a directory holding one (what mixtures' train-tokenizer and the
     trainer's HF export write). The end-of-text token is `eos_token`, else the one named in a
     `tokenizer_config.json` beside it, else the first known end-of-text token in the vocabulary."""
-    from tokenizers import Tokenizer
-
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
@@ -340,8 +340,6 @@ class HFCausalLMScorer(CausalLMScorer):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32,
                         max_length: int | None = None, **kw: Any) -> "HFCausalLMScorer":
-        from transformers import AutoModelForCausalLM
-
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
         kw.setdefault("name", Path(path).name)
         return cls(model, load_tokenizer(path), max_length=max_length, **kw)

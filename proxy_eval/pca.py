@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from common import atomic
 
@@ -124,15 +125,11 @@ def _label_points(ax, names: Sequence[str], xs: np.ndarray, ys: np.ndarray) -> N
 
 def biplot(result: PCAResult, out: str | Path, title: str = "Capability profiles (z-scored PCA)") -> Path:
     """Rows as points on PC1/PC2 and variables as arrows (loadings scaled to the point cloud)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out)
     k = result.loadings.shape[1]
     pc2 = result.scores[:, 1] if k > 1 else np.zeros(len(result.rows))
-    fig, ax = plt.subplots(figsize=(7.5, 6.0), dpi=110)
+    fig = Figure(figsize=(7.5, 6.0), dpi=110)   # the object API: no pyplot backend, no global state
+    ax = fig.subplots()
     ax.axhline(0, color="#bbbbbb", lw=0.8)
     ax.axvline(0, color="#bbbbbb", lw=0.8)
     ax.scatter(result.scores[:, 0], pc2, s=36, color="#2b6cb0", zorder=3)
@@ -156,5 +153,4 @@ def biplot(result: PCAResult, out: str | Path, title: str = "Capability profiles
     fig.tight_layout()
     with atomic.atomic_path(out, suffix=".png") as tmp:
         fig.savefig(tmp, format="png")
-    plt.close(fig)
     return out

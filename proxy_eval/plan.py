@@ -1,29 +1,34 @@
 """`python -m proxy_eval plan`: apply the slice rules to components and write each slice.
 
-Reads only `id`, `n_tokens` and the score column of each component to decide and pick documents
-(`proxy_eval.slices`), then streams the component once more to write every slice as a component
-of its own (the Component contract, `common.component`), so that mixtures can turn it into a
-uniform shard set like any other component. Output:
+Streams `id`, `n_tokens` and the score column of each component once into a spill of per-document
+selection records (`proxy_eval.slices.KEY_DTYPE`, 25 bytes a document on disk), locates the slice
+bounds in a few passes over it, then streams the component once more to write every slice as a
+component of its own (the Component contract, `common.component`), so that mixtures can turn it
+into a uniform shard set like any other component. Memory is flat in the number of documents.
+Output:
 
     <out>/manifest.json             SlicePlan manifest: decisions, slices, counts, config, inputs
     <out>/slices/<slice name>/      one component per slice (parquet + manifest.json)
     <out>/specs/<slice name>.yaml   (with `spec_base`) the slice as a mixture spec on the original
-                                    component, for the Spark materialization of large pools
+    <out>/specs/<slice name>.ids    component retaining exactly its documents by id (Spark path)
 
 A rerun with the same config and inputs finds the plan's manifest complete and does nothing.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import Field
 
 from common import atomic
 from common.component import Component, finalize_component
@@ -31,17 +36,20 @@ from common.document import QUALITY_PREFIX, score_columns
 from common.errors import ContractError
 from common.hashing import config_hash
 from common.log import get_logger
+from common.config import StrictModel
 from common.manifest import MANIFEST_NAME, RunManifest, Stopwatch, find_complete, fingerprints
-from proxy_eval.slices import ComponentDecision, SliceRules, component_is_scored, decide_component, select_slices
+from mixtures.spec import ComponentSpec, MixtureSpec, PhaseShare, PhaseSpec, RetainIds
+from mixtures.tokenizers import load_tokenizer
+from proxy_eval.slices import (ELIGIBLE, KEY_DTYPE, SCORED, ComponentDecision, SliceBounds, SliceRules,
+                               component_is_scored, decide_component, doc_hash_keys, in_slice, key_records,
+                               slice_bounds)
 
 log = get_logger(__name__)
 
 
-
-class ComponentRef(BaseModel):
+class ComponentRef(StrictModel):
     """A component to consider for proxy slices."""
 
-    model_config = ConfigDict(extra="forbid")
     path: str
     name: str | None = None                   # default: the component manifest's name
     # `quality.<name>` (or just `<name>`); "auto" = the component's only quality column; None = unscored
@@ -49,8 +57,7 @@ class ComponentRef(BaseModel):
     higher_is_better: bool = True
 
 
-class PlanConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PlanConfig(StrictModel):
     components: list[ComponentRef]
     rules: SliceRules = Field(default_factory=SliceRules)
     out: str = "runs/proxy/plan"
@@ -64,14 +71,13 @@ class PlanConfig(BaseModel):
     # a text file with one id per line, or a parquet/jsonl file with an `id` column
     exclude_ids: str | None = None
     # when given (at least `tokenizer` and `seq_len` of a mixture spec), each slice is also written as
-    # a one-component `mixture/1` spec on the *original* component (quantile_band / random_tokens
-    # retention), for pools too large for this process: materialize those with the Spark job
-    # (`spark-submit kaiyuan/jobs/materialize.py --spec <out>/specs/<slice>.yaml`)
+    # a one-component `mixture/1` spec on the *original* component retaining exactly the slice's
+    # documents by id (`specs/<slice>.ids`), for slices too large to shard in this process:
+    # materialize those with the Spark job (`spark-submit kaiyuan/jobs/materialize.py --spec ...`)
     spec_base: dict[str, Any] | None = None
 
 
-class PlannedSlice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PlannedSlice(StrictModel):
     name: str
     component: str
     kind: Literal["quantile", "random"]
@@ -126,109 +132,195 @@ def read_id_list(path: str | Path) -> set[str]:
     if p.suffix == ".parquet":
         return set(str(x) for x in pq.read_table(p, columns=["id"]).column("id").to_pylist())
     if p.suffix in (".jsonl", ".json"):
-        import json
-
         return {str(json.loads(line)["id"]) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()}
     return {line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()}
 
 
-def count_tokens(component: Component, tokenizer: Any, batch_size: int = 1024) -> np.ndarray:
-    """Tokens per document (no EOS), streamed in file order."""
-    out = []
-    for batch in component.iter_batches(columns=["text"], batch_size=batch_size):
-        texts = [t or "" for t in batch.column("text").to_pylist()]
-        out.append(np.fromiter((len(x) for x in tokenizer.encode_batch(texts)), dtype=np.int64, count=len(texts)))
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+class KeySpill:
+    """The selection records (`slices.KEY_DTYPE`) of one component, written once while streaming
+    its files and read back chunk by chunk for every pass: 25 bytes per document on disk, memory
+    flat in the number of documents."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        self.n_docs = 0
+
+    def append(self, rec: np.ndarray) -> None:
+        with open(self.path, "ab") as fh:
+            rec.tofile(fh)
+        self.n_docs += len(rec)
+
+    def chunks(self, size: int | None = None) -> Iterator[np.ndarray]:
+        size = size or self.CHUNK
+        with open(self.path, "rb") as fh:
+            while True:
+                rec = np.fromfile(fh, dtype=KEY_DTYPE, count=size)
+                if not len(rec):
+                    return
+                yield rec
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
-def _component_arrays(component: Component, score_field: str | None, tokenizer: Any = None
-                      ) -> tuple[list[str], np.ndarray, np.ndarray | None, bool]:
-    """ids, tokens per document, scores (NaN = none) and whether the tokens were counted here."""
+def spill_component(component: Component, score_field: str | None, ref: ComponentRef, rules: SliceRules,
+                    excluded: set[str], tokenizer: Any, spill: KeySpill, batch_size: int = 65_536) -> dict[str, int]:
+    """Stream `id`, `n_tokens` (or the text, counted here) and the score column once, writing
+    every document's selection record; returns counts (documents, excluded, unscored, tokens)."""
     counted = "n_tokens" not in component.columns
     if counted and tokenizer is None:
         component.require_column("n_tokens", "slice sizes are in tokens; count tokens first (kaiyuan) or set "
                                  "count_tokens_with")
-    cols = ["id"] + ([] if counted else ["n_tokens"]) + ([score_field] if score_field else [])
-    table = component.read(columns=cols)
-    ids = table.column("id").to_pylist()
-    if counted:
-        n_tokens = count_tokens(component, tokenizer)
-    else:
-        n_tokens = table.column("n_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    scores = None
-    if score_field:
-        scores = pc.cast(table.column(score_field), pa.float64()).to_numpy(zero_copy_only=False)
-        scores = np.where(np.isfinite(scores), scores, np.nan)
-    return ids, n_tokens, scores, counted
+    cols = ["id", "text" if counted else "n_tokens"] + ([score_field] if score_field else [])
+    counts = {"docs": 0, "excluded": 0, "unscored": 0, "tokens": 0, "scored_tokens": 0}
+    for batch in component.iter_batches(columns=cols, batch_size=batch_size):
+        ids = [str(x) for x in batch.column("id").to_pylist()]
+        if counted:
+            texts = [t or "" for t in batch.column("text").to_pylist()]
+            n_tokens = np.fromiter((len(x) for x in tokenizer.encode_batch(texts)), dtype=np.int64, count=len(texts))
+        else:
+            n_tokens = batch.column("n_tokens").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        scores = None
+        if score_field:
+            scores = pc.cast(batch.column(score_field), pa.float64()).to_numpy(zero_copy_only=False)
+        eligible = np.fromiter((i not in excluded for i in ids), dtype=bool, count=len(ids)) if excluded else None
+        rec = key_records(ids, n_tokens, scores, rules.seed, ref.name or component.name, ref.higher_is_better,
+                          rules.percentile_from, eligible)
+        spill.append(rec)
+        ok = (rec["flags"] & ELIGIBLE) > 0
+        has = (rec["flags"] & SCORED) > 0
+        counts["docs"] += len(rec)
+        counts["excluded"] += int((~ok).sum())
+        counts["unscored"] += int((ok & ~has).sum()) if score_field else 0
+        counts["tokens"] += int(rec["mass"][ok].sum())
+        counts["scored_tokens"] += int(rec["mass"][ok & has].sum())
+    counts["counted"] = int(counted)
+    return counts
+
+
+class SliceWriter:
+    """Rows of a component written as a new component (parquet parts, then `finalize_component`)."""
+
+    def __init__(self, component: Component, final_dir: Path, slice_name: str, extra: dict, rows_per_file: int):
+        self.component, self.final_dir, self.name, self.extra = component, final_dir, slice_name, extra
+        self.rows_per_file = rows_per_file
+        self.tmp = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.writer: pq.ParquetWriter | None = None
+        self.part = self.in_part = self.n_docs = self.n_tokens = 0
+
+    def write(self, kept: pa.RecordBatch) -> None:
+        if not kept.num_rows:
+            return
+        if self.writer is None or self.in_part >= self.rows_per_file:
+            if self.writer is not None:
+                self.writer.close()
+            self.writer = pq.ParquetWriter(self.tmp / f"part-{self.part:05d}.parquet", kept.schema)
+            self.part, self.in_part = self.part + 1, 0
+        self.writer.write_batch(kept)
+        self.in_part += kept.num_rows
+        self.n_docs += kept.num_rows
+        self.n_tokens += int(pc.sum(kept.column("n_tokens")).as_py() or 0)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        m = self.component.manifest
+        finalize_component(self.tmp, self.final_dir, {
+            "job": "proxy_eval.slice", "name": self.name, "n_tokens": self.n_tokens,
+            "tokenizer": m.tokenizer, "license": m.license, "source_identifier": m.source_identifier,
+            "source_revision": m.source_revision, "config": self.extra,
+            "counts": {"n_docs": self.n_docs, "n_tokens": self.n_tokens},
+            "lineage": [*m.lineage, {"job": m.job, "config_hash": m.config_hash, "code_version": m.code_version,
+                                     "manifest": str(self.component.directory / MANIFEST_NAME)}],
+        })
+
+
+def write_slices(component: Component, spill: KeySpill, bounds: list[SliceBounds], score_field: str | None,
+                 writers: dict[str, SliceWriter], id_files: dict[str, Path], batch_size: int = 65_536
+                 ) -> dict[str, dict[str, Any]]:
+    """One streaming pass over the component: every slice's documents go to its writer (when
+    writing slices) and its ids to its id file (when writing specs). Returns per slice its
+    documents, tokens and score range."""
+    counted = "n_tokens" not in component.columns
+    stats = {b.spec.name: {"n_docs": 0, "n_tokens": 0, "lo": math.inf, "hi": -math.inf} for b in bounds}
+    id_fhs = {name: open(path, "w", encoding="utf-8") for name, path in id_files.items()}
+    records = spill.chunks(batch_size)
+    buffer = np.zeros(0, dtype=KEY_DTYPE)
+    row0 = 0
+    try:
+        for batch in component.iter_batches(batch_size=batch_size):
+            while len(buffer) < batch.num_rows:
+                buffer = np.concatenate([buffer, next(records)])
+            rec, buffer = buffer[:batch.num_rows], buffer[batch.num_rows:]
+            if counted:
+                batch = batch.append_column(pa.field("n_tokens", pa.int64()), pa.array(rec["mass"]))
+            for b in bounds:
+                mask = in_slice(rec, row0, b)
+                if not mask.any():
+                    continue
+                st = stats[b.spec.name]
+                st["n_docs"] += int(mask.sum())
+                st["n_tokens"] += int(rec["mass"][mask].sum())
+                if b.use_key and score_field:
+                    sc = pc.cast(batch.column(score_field), pa.float64()).to_numpy(zero_copy_only=False)[mask]
+                    st["lo"], st["hi"] = min(st["lo"], float(sc.min())), max(st["hi"], float(sc.max()))
+                kept = batch.filter(pa.array(mask))
+                if b.spec.name in writers:
+                    writers[b.spec.name].write(kept)
+                if b.spec.name in id_fhs:
+                    id_fhs[b.spec.name].write("".join(f"{i}\n" for i in kept.column("id").to_pylist()))
+            row0 += batch.num_rows
+    finally:
+        for fh in id_fhs.values():
+            fh.close()
+    for w in writers.values():
+        w.close()
+    return stats
 
 
 def write_component_rows(component: Component, rows: np.ndarray, final_dir: Path, slice_name: str,
-                           extra: dict, rows_per_file: int, counted_tokens: np.ndarray | None = None) -> None:
+                         extra: dict, rows_per_file: int, counted_tokens: np.ndarray | None = None) -> None:
     """Write the selected rows (global row numbers) of a component as a new component, streaming it
     once in file order. `counted_tokens`: per-row token counts to add as the `n_tokens` column (when
     the component had none)."""
     selected = np.zeros(component.manifest.n_docs, dtype=bool)
     selected[rows] = True
-    tmp = final_dir.with_name(f"{atomic.TMP_PREFIX}{final_dir.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    writer: pq.ParquetWriter | None = None
-    part, in_part, offset = 0, 0, 0
-    n_tokens_total = 0
-    try:
-        for batch in component.iter_batches():
-            mask = selected[offset:offset + batch.num_rows]
-            offset += batch.num_rows
-            if not mask.any():
-                continue
+    writer = SliceWriter(component, final_dir, slice_name, extra, rows_per_file)
+    offset = 0
+    for batch in component.iter_batches():
+        mask = selected[offset:offset + batch.num_rows]
+        if mask.any():
             kept = batch.filter(pa.array(mask))
             if counted_tokens is not None:
                 kept = kept.append_column(pa.field("n_tokens", pa.int64()),
-                                          pa.array(counted_tokens[offset - batch.num_rows:offset][mask]))
-            n_tokens_total += int(pc.sum(kept.column("n_tokens")).as_py() or 0)
-            if writer is None or in_part >= rows_per_file:
-                if writer is not None:
-                    writer.close()
-                writer = pq.ParquetWriter(tmp / f"part-{part:05d}.parquet", kept.schema)
-                part, in_part = part + 1, 0
-            writer.write_batch(kept)
-            in_part += kept.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    m = component.manifest
-    finalize_component(tmp, final_dir, {
-        "job": "proxy_eval.slice", "name": slice_name, "n_tokens": n_tokens_total,
-        "tokenizer": m.tokenizer, "license": m.license, "source_identifier": m.source_identifier,
-        "source_revision": m.source_revision, "config": extra,
-        "counts": {"n_docs": int(selected.sum()), "n_tokens": n_tokens_total},
-        "lineage": [*m.lineage, {"job": m.job, "config_hash": m.config_hash, "code_version": m.code_version,
-                                 "manifest": str(component.directory / MANIFEST_NAME)}],
-    })
+                                          pa.array(counted_tokens[offset:offset + batch.num_rows][mask]))
+            writer.write(kept)
+        offset += batch.num_rows
+    writer.close()
 
 
-def slice_mixture_spec(s: "PlannedSlice", component_path: str, base: dict[str, Any]) -> dict[str, Any]:
-    """A one-component `mixture/1` spec selecting the slice from the original component. Mixtures'
-    rank runs from the least preferred end (rank 0) to the best (rank 1), so a band [lo, hi) from
-    the best end is the rank band [1 - hi, 1 - lo)."""
-    comp: dict[str, Any] = {"name": s.component, "path": component_path, "order_seed": 0}
-    if s.kind == "quantile":
-        assert s.band is not None
-        lo, hi = s.band
-        if s.percentile_from == "worst":
-            low, high = lo, hi
-        else:
-            low, high = 1.0 - hi, 1.0 - lo
-        comp.update(score_field=s.score_field, retention={"rule": "quantile_band", "low": max(0.0, round(low, 12)),
-                                                           "high": min(1.0, round(high, 12))})
-    else:
-        comp["retention"] = {"rule": "random_tokens", "n_tokens": s.target_tokens, "seed": 0}
-    return {"schema": "mixture/1", "name": f"proxy-slice-{s.name}", **base, "components": [comp],
-            "phases": [{"name": "slice", "orders": ["uniform"], "components": {s.component: {}}}]}
+def slice_mixture_spec(s: "PlannedSlice", component_path: str, ids_file: str, base: dict[str, Any]) -> MixtureSpec:
+    """A one-component `mixture/1` spec of exactly the slice's documents, by id, on the original
+    component: the plan's selection (streaming, flat memory) is the one selection, and the Spark
+    materialization only tokenizes and shards what it chose."""
+    return MixtureSpec(
+        name=f"proxy-slice-{s.name}", **base,
+        components=[ComponentSpec(name=s.component, path=component_path, order_seed=0,
+                                  retention=RetainIds(rule="ids", ids_file=ids_file))],
+        phases=[PhaseSpec(name="slice", orders=["uniform"], components={s.component: PhaseShare()})])
 
 
 def make_plan(config: PlanConfig) -> SlicePlan:
-    """Decide and (optionally) write every slice; skip when a complete plan exists."""
+    """Decide and (optionally) write every slice; skip when a complete plan exists. Each
+    component is streamed: once to spill its selection records, a few passes over those to
+    locate the slice bounds, once more to write the slices."""
     out = Path(config.out)
     inputs = fingerprints([Path(c.path) / "manifest.json" for c in config.components]
                           + ([config.exclude_ids] if config.exclude_ids else []))
@@ -240,11 +332,7 @@ def make_plan(config: PlanConfig) -> SlicePlan:
         return done
     sw = Stopwatch()
     excluded = read_id_list(config.exclude_ids) if config.exclude_ids else set()
-    tokenizer = None
-    if config.count_tokens_with is not None:
-        from mixtures.tokenizers import load_tokenizer
-
-        tokenizer = load_tokenizer(config.count_tokens_with)
+    tokenizer = load_tokenizer(config.count_tokens_with) if config.count_tokens_with is not None else None
     decisions: list[ComponentDecision] = []
     planned: list[PlannedSlice] = []
     counts = {"components": 0, "slices": 0, "skipped_components": 0, "unscored_docs": 0, "excluded_docs": 0,
@@ -253,57 +341,56 @@ def make_plan(config: PlanConfig) -> SlicePlan:
     slices_root = out / "slices"
     shutil.rmtree(slices_root, ignore_errors=True)   # slices of an older plan are not this plan's
     shutil.rmtree(out / "specs", ignore_errors=True)
+    spill_path = out / f"{atomic.TMP_PREFIX}keys.bin"
     for ref in config.components:
         component = Component.open(ref.path, verify_hashes=config.verify_hashes)
         name = ref.name or component.name
         with sw(f"select.{name}"):
             field = resolve_score_field(component, ref)
-            all_ids, all_tokens, all_scores, counted = _component_arrays(component, field, tokenizer)
-            counts["counted_components"] += counted
-            # excluded documents (eval sets) take no part in deciding or selecting
-            keep_rows = np.flatnonzero([i not in excluded for i in all_ids]) if excluded else np.arange(len(all_ids))
-            counts["excluded_docs"] += len(all_ids) - len(keep_rows)
-            ids = [all_ids[i] for i in keep_rows]
-            n_tokens = all_tokens[keep_rows]
-            scores = all_scores[keep_rows] if all_scores is not None else None
-            total = int(n_tokens.sum())
-            scored = False
-            if scores is not None:
-                has = ~np.isnan(scores)
-                counts["unscored_docs"] += int((~has).sum())
-                scored = component_is_scored(int(n_tokens[has].sum()), total, config.rules)
-            decision = decide_component(name, total, scored, config.rules, score_field=field,
+            spill = KeySpill(spill_path)
+            c = spill_component(component, field, ref, config.rules, excluded, tokenizer, spill)
+            counts["counted_components"] += c["counted"]
+            counts["excluded_docs"] += c["excluded"]
+            counts["unscored_docs"] += c["unscored"]
+            scored = field is not None and component_is_scored(c["scored_tokens"], c["tokens"], config.rules)
+            decision = decide_component(name, c["tokens"], scored, config.rules, score_field=field,
                                         higher_is_better=ref.higher_is_better)
-            selections = select_slices(decision, ids, n_tokens, scores if scored else None)
+            bounds = slice_bounds(decision, spill.chunks) if decision.slices else []
         decisions.append(decision)
         counts["components"] += 1
         counts["skipped_components"] += decision.rule == "skip"
-        log.info("%s: %s (%s), %d slice(s)", name, decision.rule, decision.reason, len(selections))
-        for sel in selections:
-            s = sel.spec
-            rel = None
-            if config.write_slices:
-                rel = f"slices/{s.name}"
-                with sw(f"write.{s.name}"):
-                    write_component_rows(component, keep_rows[sel.rows], out / rel, s.name,
-                                           {"slice": s.model_dump(mode="json"), "rules": config.rules.model_dump(mode="json")},
-                                           config.rows_per_file, all_tokens if counted else None)
+        log.info("%s: %s (%s), %d slice(s)", name, decision.rule, decision.reason, len(bounds))
+        if not bounds:
+            continue
+        extra = {"rules": config.rules.model_dump(mode="json")}
+        writers = {b.spec.name: SliceWriter(component, out / f"slices/{b.spec.name}", b.spec.name,
+                                            {"slice": b.spec.model_dump(mode="json"), **extra}, config.rows_per_file)
+                   for b in bounds} if config.write_slices else {}
+        id_files = {b.spec.name: out / f"specs/{b.spec.name}.ids" for b in bounds} if config.spec_base else {}
+        for f in id_files.values():
+            f.parent.mkdir(parents=True, exist_ok=True)
+        with sw(f"write.{name}"):
+            stats = write_slices(component, spill, bounds, field, writers, id_files)
+        for b in bounds:
+            s, st = b.spec, stats[b.spec.name]
             ps = PlannedSlice(
                 name=s.name, component=name, kind=s.kind, percentile=s.percentile, percentile_from=s.percentile_from,
-                band=s.band, target_tokens=s.target_tokens, n_docs=len(sel.rows), n_tokens=sel.n_tokens,
-                score_field=s.score_field if s.kind == "quantile" else None, score_range=sel.score_range, path=rel,
+                band=s.band, target_tokens=s.target_tokens, n_docs=st["n_docs"], n_tokens=st["n_tokens"],
+                score_field=s.score_field if s.kind == "quantile" else None,
+                score_range=(st["lo"], st["hi"]) if s.kind == "quantile" and st["n_docs"] else None,
+                path=f"slices/{s.name}" if config.write_slices else None,
             )
             if config.spec_base is not None:
-                import yaml
-
                 ps.spec = f"specs/{s.name}.yaml"
+                spec = slice_mixture_spec(ps, str(Path(ref.path).resolve()), str(id_files[s.name].resolve()),
+                                          config.spec_base)
                 header = (f"# slice {s.name} of component {name} as a mixture spec on the original component "
-                          "(written by `python -m proxy_eval plan`).\n# Unlike slices/<name>/, it does not "
-                          "leave out exclude_ids, and band edges fall on token mass rather than documents.\n")
-                atomic.write_text(out / ps.spec, header + yaml.safe_dump(
-                    slice_mixture_spec(ps, str(Path(ref.path).resolve()), config.spec_base), sort_keys=False))
+                          f"(written by `python -m proxy_eval plan`):\n# exactly the documents of slices/{s.name}/, "
+                          f"listed by id in {id_files[s.name].name}.\n")
+                atomic.write_text(out / ps.spec, header + yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
             planned.append(ps)
             counts["slices"] += 1
+    KeySpill(spill_path).remove()
     if not config.write_slices and slices_root.exists():
         shutil.rmtree(slices_root)
     plan = SlicePlan(job="proxy_eval.plan", config=config.model_dump(mode="json"), config_hash=config_hash(config),
@@ -319,8 +406,6 @@ def sample_component(component: Component, budget_tokens: int, out_dir: Path, se
     """A seeded random sample of about `budget_tokens` tokens of a component (documents in a
     seeded hash order, skipping `exclude`, until the budget is reached), written as a component.
     Tokens are counted only for the documents looked at when the component has no `n_tokens`."""
-    from proxy_eval.slices import doc_hash_keys
-
     ids = [str(x) for x in component.read(columns=["id"]).column("id").to_pylist()]
     keys = doc_hash_keys(ids, seed, salt=f"sample:{component.name}")
     order = [int(i) for i in np.argsort(keys, kind="stable") if ids[int(i)] not in exclude]

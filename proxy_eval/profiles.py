@@ -20,6 +20,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from common import atomic
+from common.errors import ContractError
 
 LONG_COLUMNS = ["slice", "task", "group", "format", "metric", "value", "stderr", "n", "higher_is_better", "score",
                 "score_stderr"]
@@ -149,7 +150,5 @@ def read_profile(path: str | Path) -> Profile:
     long = pd.read_parquet(p)
     missing = [c for c in ("slice", "task", "group", "value", "higher_is_better") if c not in long.columns]
     if missing:
-        from common.errors import ContractError
-
         raise ContractError(p, f"not a profile table: missing columns {missing}")
     return build_profile(long.drop(columns=["score", "score_stderr"], errors="ignore").to_dict("records"))

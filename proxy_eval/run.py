@@ -20,37 +20,47 @@ subprocess per slice with `CUDA_VISIBLE_DEVICES` set); on CPU they run one after
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import torch
+from pydantic import Field, model_validator
 
 from common import atomic
-from common.config import load_yaml
+from common.component import Component
+from common.config import StrictModel, load_yaml, validate
 from common.errors import ContractError
 from common.hashing import config_hash
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
+from mixtures import ShardSet
+from mixtures.materialize import materialize, materialize_slice
+from mixtures.spec import ComponentSpec, MixtureSpec, PhaseShare, PhaseSpec, RetainAll, Seeds
+from mixtures.tokenizers import load_tokenizer
+from proxy_eval.contracts import BaseResults, BaseSample, RunKey
 from proxy_eval.evaluate import SuiteResult, evaluate_suite, load_suite
-from proxy_eval.plan import SlicePlan
+from proxy_eval.loading import open_scorer
+from proxy_eval.plan import SlicePlan, read_id_list, sample_component
 from proxy_eval.profiles import build_profile
 from proxy_eval.tasks import SuiteConfig
+from trainer import checkpoint as ckpt
+from trainer.config import RunConfig, _deep_merge as deep_merge, load_run_config
+from trainer import train as trainer_train
 
 log = get_logger(__name__)
 
 
-
-class BaseSection(BaseModel):
+class BaseSection(StrictModel):
     """The fixed base checkpoint: an existing trainer checkpoint, or one trained once here from a
     uniform mixture of `components` (natural token proportions)."""
 
-    model_config = ConfigDict(extra="forbid")
     checkpoint: str | None = None
     components: list[str] = Field(default_factory=list)
     # train on a seeded sample of this many tokens per component, disjoint from every planned slice
@@ -69,13 +79,12 @@ class BaseSection(BaseModel):
         return self
 
 
-class ContinuationSection(BaseModel):
+class ContinuationSection(StrictModel):
     """The one schedule every slice gets. steps 'auto': as many as the smallest slice allows in one
     pass (no slice is repeated), capped by max_steps. `repeat: true` lets a slice smaller than
     `steps` x tokens per step be read for more than one epoch (toy corpora; the paper's 4B-token
     slices are read once)."""
 
-    model_config = ConfigDict(extra="forbid")
     steps: int | Literal["auto"] = "auto"
     max_steps: int | None = Field(None, gt=0)
     repeat: bool = False
@@ -90,8 +99,7 @@ class ContinuationSection(BaseModel):
         return self
 
 
-class ProxyRunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ProxyRunConfig(StrictModel):
     out: str = "runs/proxy/run"
     plan: str                                     # a `proxy_eval plan` output directory
     tokenizer: dict[str, Any] | str               # mixtures tokenizer block (or a tokenizer.json path)
@@ -112,7 +120,7 @@ class ProxyRunConfig(BaseModel):
     def suite_config(self) -> SuiteConfig:
         if isinstance(self.suite, SuiteConfig):
             return self.suite
-        return SuiteConfig.model_validate(load_yaml(self.suite))
+        return validate(SuiteConfig, load_yaml(self.suite), self.suite)
 
 
 class SliceRunManifest(RunManifest):
@@ -136,16 +144,14 @@ class ProxyRunManifest(RunManifest):
 # ---- pure helpers ------------------------------------------------------------------------------
 
 def single_component_spec(name: str, components: dict[str, str], tokenizer: dict[str, Any], seq_len: int,
-                          seed: int, phase: str) -> dict[str, Any]:
-    """A `mixture/1` spec dict: the given components with everything retained, in natural token
+                          seed: int, phase: str) -> MixtureSpec:
+    """A `mixture/1` spec: the given components with everything retained, in natural token
     proportions, one uniform (seeded global shuffle) phase."""
-    return {
-        "schema": "mixture/1", "name": name, "tokenizer": tokenizer, "seq_len": seq_len,
-        "seeds": {"uniform": seed, "bucket_shuffle": seed, "budget": seed},
-        "components": [{"name": c, "path": str(p), "retention": {"rule": "all"}, "order_seed": seed}
-                       for c, p in components.items()],
-        "phases": [{"name": phase, "orders": ["uniform"], "components": {c: {} for c in components}}],
-    }
+    return MixtureSpec(
+        name=name, tokenizer=tokenizer, seq_len=seq_len, seeds=Seeds(uniform=seed, bucket_shuffle=seed, budget=seed),
+        components=[ComponentSpec(name=c, path=str(p), retention=RetainAll(), order_seed=seed)
+                    for c, p in components.items()],
+        phases=[PhaseSpec(name=phase, orders=["uniform"], components={c: PhaseShare() for c in components})])
 
 
 def auto_steps(n_tokens: dict[str, int], tokens_per_step: int, max_steps: int | None) -> int:
@@ -169,21 +175,17 @@ def resolve_parallel(parallel: int | str, n_gpus: int) -> int:
 
 # ---- the shell --------------------------------------------------------------------------------
 
-def materialize_shards(spec: dict[str, Any], out_dir: Path, progress: Callable[[str], None]) -> Path:
+def materialize_shards(spec: MixtureSpec, out_dir: Path, progress: Callable[[str], None]) -> Path:
     """Uniform shard set of a spec (reused when complete for the same spec and inputs)."""
-    from mixtures.materialize import materialize
-    from mixtures.spec import parse_spec
-
-    spec_obj = parse_spec(spec, source=f"<{spec['name']}>")
-    results = materialize(spec_obj, out_dir, progress=progress)
+    results = materialize(spec, out_dir, progress=progress)
     (name,) = results
     return out_dir / name
 
 
 def trainer_config(run_dir: Path, shards: Path, steps: int, global_batch: int, micro_batch: int, seed: int,
-                   extra: dict[str, Any], tokenizer: dict[str, Any], init_from: str | None, device: str) -> Any:
-    from trainer.config import load_run_config
-
+                   extra: dict[str, Any], tokenizer: dict[str, Any], init_from: str | None, device: str) -> RunConfig:
+    """The trainer's RunConfig for a base or continuation run: these fields, then `extra` (the
+    config's `trainer:` section) merged over them with the trainer's own deep merge."""
     data: dict[str, Any] = {
         "run_dir": str(run_dir), "seed": seed, "device": device,
         "data": {"train": str(shards)},
@@ -196,8 +198,7 @@ def trainer_config(run_dir: Path, shards: Path, steps: int, global_batch: int, m
         data["data"]["tokenizer"] = tokenizer["path"]
     if init_from is not None:
         data["init_from"] = {"path": init_from, "load_optimizer": False, "reset_step": True}
-    merged = _merge(data, extra)
-    return load_run_config(None, data=merged)
+    return load_run_config(None, data=deep_merge(data, extra))
 
 
 RUN_KEY = "proxy-run-key.json"
@@ -207,24 +208,15 @@ def claim_run_dir(run_dir: Path, key: str, progress: Callable[[str], None]) -> N
     """Make `run_dir` a trainer run directory for exactly this configuration and data: a directory
     left by another configuration (or by an older version, without a key) is removed, so the
     trainer never resumes a run of different data or settings; one with the same key is resumed."""
-    import shutil
-
     marker = run_dir / RUN_KEY
     if run_dir.exists():
-        found = json.loads(marker.read_text()).get("key") if marker.is_file() else None
-        if found == key:
+        found = RunKey.read_current(marker)
+        if found is not None and found.key == key:
             return
         progress(f"{run_dir}: made for another configuration or data; starting it again")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    atomic.write_json(marker, {"key": key})
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    RunKey(key=key).write(marker)
 
 
 class ProxyRunner:
@@ -248,14 +240,10 @@ class ProxyRunner:
 
     # -- base --
     def base_checkpoint(self) -> Path:
-        from trainer import checkpoint as ckpt
-
         b = self.config.base
         if b.checkpoint is not None:
             return ckpt.resolve_checkpoint(b.checkpoint)
         base_dir = self.out / "base"
-        from common.component import Component
-
         comps = {Component.open(p).name: p for p in b.components}
         if b.sample_tokens is not None:
             comps = self.base_samples(comps, b.sample_tokens)
@@ -263,8 +251,6 @@ class ProxyRunner:
         self.progress(f"base: shard set from {len(comps)} component(s)")
         shards = materialize_shards(spec, base_dir / "shards", self.progress)
         run_dir = base_dir / "train"
-        from mixtures import ShardSet
-
         key = config_hash({"base": b.model_dump(mode="json"), "seq_len": self.config.seq_len, "seed": self.config.seed,
                            "tokenizer": self.tokenizer, "data": ShardSet.open(shards).manifest.set_digest})
         claim_run_dir(run_dir, key, self.progress)
@@ -272,26 +258,21 @@ class ProxyRunner:
         if done is not None and ckpt.read_state(done).step >= b.steps:
             return done
         self.progress(f"base: training {b.steps} steps")
-        from trainer.train import train
-
         cfg = trainer_config(run_dir, shards, b.steps, b.global_batch, b.micro_batch, self.config.seed,
-                             _merge({"data": {"loop": True}}, b.trainer), self.tokenizer, None, self.config.device)
-        train(cfg)
+                             deep_merge({"data": {"loop": True}}, b.trainer), self.tokenizer, None, self.config.device)
+        trainer_train.train(cfg)
         return ckpt.resolve_checkpoint(run_dir)
 
     def base_samples(self, comps: dict[str, str], budget: int) -> dict[str, str]:
         """Per component, a seeded sample disjoint from the plan's slices and excluded documents
         (written once; reused while the plan is the same)."""
-        from common.component import Component
-        from mixtures.tokenizers import load_tokenizer
-        from proxy_eval.plan import read_id_list, sample_component
-
         root = self.out / "base" / "sample"
         key = config_hash({"plan": self.plan.config_hash, "budget": budget, "seed": self.config.seed,
                            "components": comps, "tokenizer": self.tokenizer})
         marker = root / "sample.json"
         out = {name: str(root / name) for name in comps}
-        if marker.is_file() and json.loads(marker.read_text()).get("key") == key:
+        found = BaseSample.read_current(marker)
+        if found is not None and found.key == key:
             return out
         exclude: set[str] = set()
         for s in self.plan.slices:
@@ -303,7 +284,7 @@ class ProxyRunner:
         tok = load_tokenizer(self.tokenizer)
         for name, path in comps.items():
             sample_component(Component.open(path), budget, root / name, self.config.seed, exclude, tok, name=name)
-        atomic.write_json(marker, {"key": key, "budget_tokens": budget, "excluded_docs": len(exclude)})
+        BaseSample(key=key, budget_tokens=budget, excluded_docs=len(exclude)).write(marker)
         self.progress(f"base: samples of {budget:,} tokens from {len(comps)} component(s), "
                       f"disjoint from {len(exclude):,} slice/eval documents")
         return out
@@ -315,8 +296,6 @@ class ProxyRunner:
     def materialize_slice(self, name: str) -> Path:
         """The slice component as a uniformly ordered shard set (mixtures.materialize_slice; reused
         when complete for the same spec and inputs)."""
-        from mixtures.materialize import materialize_slice
-
         out = self.slice_dir(name) / "shards"
         materialize_slice(self.plan.slice_dir(self.plan_dir, name), out, tokenizer=self.tokenizer,
                           seq_len=self.config.seq_len, seed=self.config.seed, progress=self.progress)
@@ -338,9 +317,6 @@ class ProxyRunner:
 
     def run_slice(self, name: str, base: Path, steps: int) -> SliceRunManifest:
         """Train and evaluate one slice (resuming whatever part is done)."""
-        from trainer import checkpoint as ckpt
-        from trainer.train import train
-
         done = self.finished(name, base, steps)
         if done is not None:
             self.progress(f"{name}: finished before, reused")
@@ -356,16 +332,14 @@ class ProxyRunner:
         last = ckpt.latest_checkpoint(run_dir / "checkpoints")
         if last is None or ckpt.read_state(last).step < steps:
             self.progress(f"{name}: continuing the base for {steps} steps")
-            extra = _merge({"data": {"loop": True}}, cont.trainer) if cont.repeat else cont.trainer
+            extra = deep_merge({"data": {"loop": True}}, cont.trainer) if cont.repeat else cont.trainer
             cfg = trainer_config(run_dir, shards, steps, cont.global_batch, cont.micro_batch, self.config.seed,
                                  extra, self.tokenizer, str(base), self.config.device)
-            train(cfg)
+            trainer_train.train(cfg)
             last = ckpt.latest_checkpoint(run_dir / "checkpoints")
         t_train = time.perf_counter() - t0
         self.progress(f"{name}: evaluating")
         result = self.evaluate(last, name, d / "eval")
-        from mixtures import ShardSet
-
         n_tokens = ShardSet.open(shards).manifest.n_tokens
         plan_slice = next(s for s in self.slices if s.name == name)
         manifest = SliceRunManifest(
@@ -379,8 +353,6 @@ class ProxyRunner:
         return manifest
 
     def evaluate(self, checkpoint: Path, name: str, out: Path) -> SuiteResult:
-        from proxy_eval.loading import open_scorer
-
         device = "cuda" if self.config.device in ("auto", "cuda") and _cuda_count() > 0 else "cpu"
         scorer = open_scorer(checkpoint, tokenizer=self.tokenizer, device=device, name=name,
                              max_length=self.suite.max_length)
@@ -397,14 +369,13 @@ class ProxyRunner:
         path = self.out / "base" / "eval" / "results.json"
         key = config_hash({"base": [(i.path, i.digest) for i in fingerprints([base / "state.json", base / "model.safetensors"])],
                            "suite": self.suite.model_dump(mode="json"), "eval_batch_size": self.config.eval_batch_size})
-        if path.is_file():
-            raw = json.loads(path.read_text())
-            if raw.get("key") == key:
-                return raw["rows"]
+        found = BaseResults.read_current(path)
+        if found is not None and found.key == key:
+            return found.rows
         self.progress("base: evaluating the base checkpoint")
         result = self.evaluate(base, "base", self.out / "base" / "eval" / "suite")
         rows = result.rows()
-        atomic.write_json(path, {"key": key, "rows": rows})
+        BaseResults(key=key, rows=rows).write(path)
         return rows
 
     # -- the whole run --
@@ -412,8 +383,6 @@ class ProxyRunner:
         cont = self.config.continuation
         if cont.steps != "auto":
             return int(cont.steps)
-        from mixtures import ShardSet
-
         n = {k: ShardSet.open(p).manifest.n_tokens for k, p in shard_sets.items()}
         return auto_steps(n, cont.global_batch * self.config.seq_len, cont.max_steps)
 
@@ -461,12 +430,7 @@ class ProxyRunner:
 
 
 def _cuda_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - no torch / no driver: CPU
-        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run_in_workers(config: ProxyRunConfig, names: list[str], n_workers: int, steps: int,
@@ -476,8 +440,6 @@ def run_in_workers(config: ProxyRunConfig, names: list[str], n_workers: int, ste
     cfg_path = out / "run-config.json"
     atomic.write_json(cfg_path, config.model_dump(mode="json"))
     free = list(range(n_workers))
-    import threading
-
     lock = threading.Lock()
 
     def work(name: str) -> int:

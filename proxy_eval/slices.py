@@ -13,29 +13,29 @@ q00 is evidently the best-scored end (DCLM-Dedup q00 ranks 3rd, q25 11th, and th
 the top 5%; spec seed-puro.md §3.1), so the default origin is `best`, and the origin is part of
 every slice name: `dclm.q00-from-best`, `dclm.q25-from-best`, ...; random slices are `name.random`.
 
-Pure functions here decide plans and pick documents from arrays of per-document tokens and scores;
-`select_component_slices` is the thin shell that reads a component.
+Pure functions here decide plans and pick documents from per-document records (scores, tokens,
+seeded keys); `proxy_eval.plan` streams a component's files through the same functions.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from common.config import StrictModel
 from common.errors import ContractError
+from mixtures import curriculum as cm
 
 PercentileFrom = Literal["best", "worst"]
 Anchor = Literal["start", "center"]
 
 
-class SliceRules(BaseModel):
+class SliceRules(StrictModel):
     """The numbers behind Puro's slice rules. Defaults are the paper's (Puro §3.6.1)."""
 
-    model_config = ConfigDict(extra="forbid")
     slice_tokens: int = Field(4_000_000_000, gt=0, description="target tokens per slice (paper: 4B)")
     quantile_min_tokens: int = Field(50_000_000_000, ge=0, description="above this, a scored component gets quantile slices")
     random_min_tokens: int = Field(5_000_000_000, ge=0, description="at or above this, one random slice")
@@ -59,11 +59,10 @@ class SliceRules(BaseModel):
         return self
 
 
-class SliceSpec(BaseModel):
+class SliceSpec(StrictModel):
     """One slice to evaluate. `band` is the token-mass interval in the component's preference
     order, best first: [0, 0.01) is the best-scored 1% of tokens."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     component: str
     kind: Literal["quantile", "random"]
@@ -76,8 +75,7 @@ class SliceSpec(BaseModel):
     seed: int = 0
 
 
-class ComponentDecision(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ComponentDecision(StrictModel):
     component: str
     n_tokens: int
     scored: bool
@@ -141,54 +139,205 @@ def decide_component(component: str, n_tokens: int, scored: bool, rules: SliceRu
 
 
 # ---- picking documents ------------------------------------------------------------------------
+#
+# The one selection function, used in memory (`select_slices`) and streaming over a component's
+# files (`proxy_eval.plan`), whose result the Spark spec then names by id:
+# - order: the preference order from the origin end (best first for `percentile_from: best`), ties
+#   broken by the seeded xxh3 key of `mixtures.curriculum.doc_keys` (the hash every engine uses),
+#   then by row; documents without a score (NaN) take no part in quantile slices;
+# - token mass: the component's `n_tokens` (text tokens), the unit of `slice_tokens`;
+# - a slice is the run of documents from the one holding its band's first token to the one holding
+#   its `target_tokens`-th token: at least the target, within one document of it.
+# Everything is a comparison of per-document records (`KEY_DTYPE`), so the streaming engine needs
+# only a few passes over them and memory flat in the number of documents.
+
+KEY_DTYPE = np.dtype([("key", "<u8"), ("tie", "<u8"), ("mass", "<i8"), ("flags", "u1")])
+ELIGIBLE, SCORED = 1, 2          # flags: not excluded (eval documents); has a finite score
+_SIGN = np.uint64(1 << 63)
+CANDIDATES = 1 << 20             # documents sorted exactly in memory when locating a position
+
 
 def doc_hash_keys(ids: Sequence[str], seed: int, salt: str = "") -> np.ndarray:
-    """A seeded pseudo-random uint64 per document id: order-free and the same on any machine."""
-    out = np.empty(len(ids), dtype=np.uint64)
-    prefix = f"{seed}\x1f{salt}\x1f".encode("utf-8")
-    for i, doc_id in enumerate(ids):
-        out[i] = int.from_bytes(hashlib.blake2b(prefix + str(doc_id).encode("utf-8"), digest_size=8).digest(), "little")
+    """A seeded pseudo-random uint64 per document id: order-free and the same on any machine
+    (`mixtures.curriculum.doc_keys`, xxh3-64)."""
+    return cm.doc_keys([str(i) for i in ids], seed, salt=salt)
+
+
+def order_key(scores: np.ndarray, higher_is_better: bool, percentile_from: PercentileFrom) -> np.ndarray:
+    """uint64 whose ascending order is the preference order from the origin end (order-preserving
+    bits of the float key; -0.0 is 0.0). NaN scores map to 0 and must be flagged unscored."""
+    s = np.asarray(scores, dtype=np.float64)
+    key = -s if (higher_is_better == (percentile_from == "best")) else s
+    key = np.where(np.isnan(key), 0.0, key) + 0.0
+    bits = key.view(np.uint64)
+    return np.where(bits & _SIGN, ~bits, bits | _SIGN)
+
+
+def key_records(ids: Sequence[str], n_tokens: np.ndarray, scores: np.ndarray | None, seed: int, salt: str,
+                higher_is_better: bool = True, percentile_from: PercentileFrom = "best",
+                eligible: np.ndarray | None = None) -> np.ndarray:
+    """The per-document records selection works on (one chunk of a component, in row order)."""
+    n = len(ids)
+    rec = np.zeros(n, dtype=KEY_DTYPE)
+    rec["tie"] = doc_hash_keys(ids, seed, salt)
+    rec["mass"] = np.asarray(n_tokens, dtype=np.int64)
+    flags = np.full(n, ELIGIBLE, dtype=np.uint8) if eligible is None else np.where(eligible, ELIGIBLE, 0).astype(np.uint8)
+    if scores is not None:
+        s = np.asarray(scores, dtype=np.float64)
+        rec["key"] = order_key(s, higher_is_better, percentile_from)
+        flags |= np.where(np.isfinite(s), SCORED, 0).astype(np.uint8)
+    rec["flags"] = flags
+    return rec
+
+
+@dataclass(frozen=True)
+class Cover:
+    """The document holding a token position: its sort key, row, and the tokens before it."""
+
+    key: int
+    tie: int
+    row: int
+    prefix: int
+    mass: int
+
+
+Chunks = Callable[[], Iterator[np.ndarray]]   # a fresh pass over the KEY_DTYPE records, in row order
+
+
+def _views(rec: np.ndarray, need: int, use_key: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ok = (rec["flags"] & need) == need
+    key = rec["key"] if use_key else np.zeros(len(rec), dtype=np.uint64)
+    return ok, key, rec["tie"]
+
+
+def _bits(key: np.ndarray, tie: np.ndarray, level: int) -> np.ndarray:
+    """The 16 bits at `level` (0 = the top) of the 128-bit composite key (key, tie)."""
+    word, part = (key, level) if level < 4 else (tie, level - 4)
+    return ((word >> np.uint64(48 - 16 * part)) & np.uint64(0xFFFF)).astype(np.int64)
+
+
+def _prefix_match(key: np.ndarray, tie: np.ndarray, level: int, prefix: tuple[int, ...]) -> np.ndarray:
+    m = np.ones(len(key), dtype=bool)
+    for lv, v in enumerate(prefix[:level]):
+        m &= _bits(key, tie, lv) == v
+    return m
+
+
+def locate(chunks: Chunks, positions: Sequence[int], need: int, use_key: bool) -> list[Cover | None]:
+    """For each token position, the document holding it in the order (key, tie, row) among the
+    documents with flags ⊇ `need` (None past the end). Histogram passes over the 128-bit key, 16
+    bits at a time, narrow each position to one bucket until at most `CANDIDATES` documents are
+    left, which are sorted exactly: memory is flat in the number of documents."""
+    todo = {i: {"prefix": (), "base": 0} for i, p in enumerate(positions)}
+    out: list[Cover | None] = [None] * len(positions)
+    for level in range(9):
+        if not todo:
+            break
+        final = {i for i, t in todo.items() if t.get("exact") or level == 8}
+        hist = {i: (np.zeros(65536, np.int64), np.zeros(65536, np.int64)) for i in todo if i not in final}
+        cands: dict[int, list[np.ndarray]] = {i: [] for i in final}
+        row0 = 0
+        for rec in chunks():
+            ok, key, tie = _views(rec, need, use_key)
+            for i, t in todo.items():
+                m = ok & _prefix_match(key, tie, level if i not in final else len(t["prefix"]), t["prefix"])
+                if i in final:
+                    rows = np.flatnonzero(m)
+                    c = np.zeros(len(rows), dtype=[("key", "<u8"), ("tie", "<u8"), ("row", "<i8"), ("mass", "<i8")])
+                    c["key"], c["tie"], c["row"], c["mass"] = key[rows], tie[rows], rows + row0, rec["mass"][rows]
+                    cands[i].append(c)
+                else:
+                    b = _bits(key[m], tie[m], level)
+                    mass_h, count_h = hist[i]
+                    mass_h += np.bincount(b, weights=rec["mass"][m], minlength=65536).astype(np.int64)
+                    count_h += np.bincount(b, minlength=65536)
+            row0 += len(rec)
+        for i in final:
+            c = np.concatenate(cands[i]) if cands[i] else np.zeros(0, dtype=[("key", "<u8"), ("tie", "<u8"),
+                                                                             ("row", "<i8"), ("mass", "<i8")])
+            c = c[np.lexsort((c["row"], c["tie"], c["key"]))]
+            before = todo[i]["base"] + np.concatenate([[0], np.cumsum(c["mass"])[:-1]]).astype(np.int64)
+            j = int(np.searchsorted(before + c["mass"], positions[i], side="right"))
+            if j < len(c):
+                out[i] = Cover(int(c["key"][j]), int(c["tie"][j]), int(c["row"][j]), int(before[j]), int(c["mass"][j]))
+            del todo[i]
+        for i, (mass_h, count_h) in hist.items():
+            t = todo[i]
+            ends = t["base"] + np.cumsum(mass_h)
+            b = int(np.searchsorted(ends, positions[i], side="right"))
+            if b >= 65536:          # past the end of the order
+                out[i] = None
+                del todo[i]
+                continue
+            t["base"] = int(ends[b] - mass_h[b])
+            t["prefix"] = (*t["prefix"], b)
+            t["exact"] = count_h[b] <= CANDIDATES
     return out
 
 
-def preference_order(scores: np.ndarray, tie_keys: np.ndarray, higher_is_better: bool,
-                     percentile_from: PercentileFrom) -> np.ndarray:
-    """Indices of the scored documents from the origin end: best first when `percentile_from` is
-    'best'. Ties are broken by the seeded hash key, so the order does not depend on input order.
-    Documents without a score (NaN) are left out."""
-    scores = np.asarray(scores, dtype=np.float64)
-    valid = np.flatnonzero(~np.isnan(scores))
-    s = scores[valid]
-    best_first = (percentile_from == "best")
-    key = -s if (higher_is_better == best_first) else s
-    order = np.lexsort((tie_keys[valid], key))
-    return valid[order]
+def _le(rec_key: np.ndarray, rec_tie: np.ndarray, rows: np.ndarray, c: Cover) -> np.ndarray:
+    """(key, tie, row) <= c's, elementwise."""
+    k, t = np.uint64(c.key), np.uint64(c.tie)
+    return (rec_key < k) | ((rec_key == k) & ((rec_tie < t) | ((rec_tie == t) & (rows <= c.row))))
 
 
-def take_contiguous(tokens_in_order: np.ndarray, start_tokens: float, target_tokens: int) -> tuple[int, int]:
-    """Positions [i0, i1) of a run of documents that starts at token offset `start_tokens` and holds
-    at least `target_tokens` (fewer only if the component is smaller): the total is within one
-    document of the target. Near the end the run is moved back so it is still full."""
-    n = len(tokens_in_order)
-    if n == 0:
-        return (0, 0)
-    cum = np.concatenate([[0], np.cumsum(tokens_in_order, dtype=np.int64)])
-    total = int(cum[-1])
-    if target_tokens >= total:
-        return (0, n)
-    i0 = int(np.searchsorted(cum, start_tokens, side="left"))
-    i0 = min(i0, n - 1)
-    i1 = int(np.searchsorted(cum, cum[i0] + target_tokens, side="left"))
-    if i1 > n:  # ran off the end: take the last documents instead
-        i1 = n
-        i0 = int(np.searchsorted(cum, total - target_tokens, side="right")) - 1
-        i0 = max(i0, 0)
-    return (i0, i1)
+def in_slice(rec: np.ndarray, row0: int, bounds: "SliceBounds") -> np.ndarray:
+    """Which documents of a chunk (rows row0...) belong to the slice."""
+    ok, key, tie = _views(rec, bounds.need, bounds.use_key)
+    rows = np.arange(row0, row0 + len(rec), dtype=np.int64)
+    first, last = bounds.first, bounds.last
+    after_first = ~_le(key, tie, rows, first) | ((key == np.uint64(first.key)) & (tie == np.uint64(first.tie))
+                                                 & (rows == first.row))
+    return ok & after_first & _le(key, tie, rows, last)
+
+
+@dataclass(frozen=True)
+class SliceBounds:
+    """A slice as a closed range [first, last] of the order over the documents with `need` flags."""
+
+    spec: SliceSpec
+    first: Cover
+    last: Cover
+    need: int
+    use_key: bool
+
+    @property
+    def n_tokens(self) -> int:
+        return self.last.prefix + self.last.mass - self.first.prefix
+
+
+def slice_bounds(decision: ComponentDecision, chunks: Chunks) -> list[SliceBounds]:
+    """Where every slice of one component starts and ends in its order (two `locate` rounds:
+    the band starts, then each start + target). Raises if two slices would overlap."""
+    out: list[SliceBounds] = []
+    for kind, need, use_key in (("quantile", ELIGIBLE | SCORED, True), ("random", ELIGIBLE, False)):
+        specs = [s for s in decision.slices if s.kind == kind]
+        if not specs:
+            continue
+        total = sum(int(r["mass"][(r["flags"] & need) == need].sum()) for r in chunks())
+        if total == 0:
+            raise ContractError(f"component '{decision.component}'", "no documents to slice (all excluded or unscored)")
+        starts = []
+        for s in specs:
+            band = s.band if kind == "quantile" else (0.0, 1.0)
+            # near the end the run is moved back so that it still holds the target
+            starts.append(int(max(0, min(band[0] * total, total - s.target_tokens))))
+        firsts = locate(chunks, starts, need, use_key)
+        ends = [min(total, f.prefix + s.target_tokens) - 1 for f, s in zip(firsts, specs)]
+        lasts = locate(chunks, ends, need, use_key)
+        for s, f, last in zip(specs, firsts, lasts):
+            out.append(SliceBounds(s, f, last, need, use_key))
+    quantile = [b for b in out if b.use_key]
+    for a, b in zip(quantile, quantile[1:]):
+        if (b.first.key, b.first.tie, b.first.row) <= (a.last.key, a.last.tie, a.last.row):
+            raise ContractError(f"component '{decision.component}'",
+                                f"slice {b.spec.name} overlaps {a.spec.name}; lower slice_tokens")
+    return out
 
 
 @dataclass
 class SliceSelection:
-    """The documents of one slice: row indices into the component table, in preference order."""
+    """The documents of one slice: row indices into the component table, in row order."""
 
     spec: SliceSpec
     rows: np.ndarray
@@ -197,37 +346,21 @@ class SliceSelection:
 
 
 def select_slices(decision: ComponentDecision, ids: Sequence[str], n_tokens: np.ndarray,
-                  scores: np.ndarray | None) -> list[SliceSelection]:
-    """Pick the documents of every slice of one component. Quantile slices are contiguous runs of
-    the preference order at their bands; the random slice is a prefix of a seeded hash order.
-    Raises if two quantile slices would share a document."""
-    n_tokens = np.asarray(n_tokens, dtype=np.int64)
-    out: list[SliceSelection] = []
-    for spec in decision.slices:
-        keys = doc_hash_keys(ids, spec.seed, salt=decision.component)
-        if spec.kind == "random":
-            order = np.argsort(keys, kind="stable")
-            i0, i1 = take_contiguous(n_tokens[order], 0, spec.target_tokens)
-            rows = order[i0:i1]
-            out.append(SliceSelection(spec, rows, int(n_tokens[rows].sum())))
-            continue
-        assert scores is not None and spec.band is not None and spec.percentile_from is not None
-        order = preference_order(scores, keys, spec.higher_is_better, spec.percentile_from)
-        toks = n_tokens[order]
-        start = spec.band[0] * float(toks.sum())
-        i0, i1 = take_contiguous(toks, start, spec.target_tokens)
-        rows = order[i0:i1]
-        s = np.asarray(scores, dtype=np.float64)[rows]
-        out.append(SliceSelection(spec, rows, int(n_tokens[rows].sum()),
-                                  (float(s.min()), float(s.max())) if len(s) else None))
-    seen: set[int] = set()
-    for sel in out:
-        rows = set(int(r) for r in sel.rows)
-        if seen & rows:
-            raise ContractError(f"component '{decision.component}'",
-                                f"slice {sel.spec.name} overlaps an earlier slice ({len(seen & rows)} shared documents); "
-                                "lower slice_tokens")
-        seen |= rows
+                  scores: np.ndarray | None, eligible: np.ndarray | None = None) -> list[SliceSelection]:
+    """Pick the documents of every slice of one component held in memory: the same function as
+    the plan's streaming selection, over one chunk."""
+    hib = next((s.higher_is_better for s in decision.slices), True)
+    pf = next((s.percentile_from for s in decision.slices if s.percentile_from), "best")
+    seed = next((s.seed for s in decision.slices), 0)
+    rec = key_records(ids, n_tokens, scores, seed, decision.component, hib, pf, eligible)
+    out = []
+    for b in slice_bounds(decision, lambda: iter([rec])):
+        rows = np.flatnonzero(in_slice(rec, 0, b))
+        rng = None
+        if b.use_key and scores is not None and len(rows):
+            s = np.asarray(scores, dtype=np.float64)[rows]
+            rng = (float(s.min()), float(s.max()))
+        out.append(SliceSelection(b.spec, rows, int(np.asarray(n_tokens, dtype=np.int64)[rows].sum()), rng))
     return out
 
 

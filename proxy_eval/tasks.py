@@ -31,8 +31,12 @@ import string
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import datasets
+import pyarrow.parquet as pq
+import zstandard
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.config import StrictModel
 from common.errors import ContractError
 from proxy_eval.extract import gsm8k_gold, last_boxed
 
@@ -40,8 +44,7 @@ Format = Literal["multiple_choice", "generate", "code", "bits_per_byte"]
 LETTERS = string.ascii_uppercase
 
 
-class DataSource(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DataSource(StrictModel):
     path: str
     kind: Literal["auto", "jsonl", "parquet", "hf_disk", "hf_hub"] = "auto"
     split: str | None = None          # for a DatasetDict / hub dataset
@@ -49,8 +52,7 @@ class DataSource(BaseModel):
     limit: int | None = None          # first N records (after reading, before few-shot removal)
 
 
-class TaskConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TaskConfig(StrictModel):
     name: str
     format: Format
     group: str = "General"
@@ -105,10 +107,9 @@ class TaskConfig(BaseModel):
                 "bits_per_byte": "bits_per_byte"}[self.format]
 
 
-class SuiteConfig(BaseModel):
+class SuiteConfig(StrictModel):
     """A benchmark suite. `groups` (task -> group) overrides each task's `group`."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str = "suite"
     tasks: list[TaskConfig]
     groups: dict[str, str] = Field(default_factory=dict)
@@ -139,8 +140,6 @@ def _open_text(path: Path) -> io.TextIOBase:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
     if path.suffix == ".zst":
-        import zstandard
-
         return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
     return open(path, encoding="utf-8")
 
@@ -177,12 +176,8 @@ def read_records(source: DataSource) -> list[dict[str, Any]]:
                     raise ContractError(f"{path}:{i}", "expected a JSON object per line")
                 records.append(rec)
     elif kind == "parquet":
-        import pyarrow.parquet as pq
-
         records = pq.read_table(path).to_pylist()
     else:
-        import datasets
-
         if kind == "hf_disk":
             ds = datasets.load_from_disk(str(path))
         else:

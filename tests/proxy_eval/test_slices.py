@@ -1,13 +1,15 @@
 """Slice rules (seed-puro.md behaviour 16) and slice selection."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from common.component import Component
 from common.errors import ContractError
 from proxy_eval.plan import ComponentRef, PlanConfig, SlicePlan, make_plan
-from proxy_eval.slices import (SliceRules, decide_component, percentile_band, preference_order, select_slices,
-                               slice_name, take_contiguous)
+from proxy_eval.slices import (KEY_DTYPE, SliceRules, decide_component, key_records, locate, order_key,
+                               percentile_band, select_slices, slice_name)
 from tests.proxy_eval.helpers import synthetic_scored_component
 
 B = 1_000_000_000
@@ -63,22 +65,39 @@ def test_overlapping_quantile_slices_are_refused():
         decide_component("c", 60 * B, True, SliceRules(slice_tokens=20 * B))
 
 
-def test_take_contiguous_within_one_doc():
+def test_locate_finds_the_document_holding_each_position_in_any_chunking():
+    """The streaming locator equals a full sort, whatever the chunk size and however many
+    documents share a key (integer scores: ties broken by the seeded hash, then the row)."""
     rng = np.random.default_rng(0)
-    toks = rng.integers(1, 500, size=1000)
-    for start in (0, 1234, 50_000, int(toks.sum()) - 10):
-        i0, i1 = take_contiguous(toks, start, 20_000)
-        got = int(toks[i0:i1].sum())
-        assert got >= 20_000 and got - 20_000 < toks[i0:i1].max()
-        assert got - int(toks[i1 - 1]) < 20_000          # dropping the last doc would undershoot
+    n = 5000
+    ids = [f"d{i}" for i in range(n)]
+    toks = rng.integers(0, 500, size=n)
+    scores = rng.integers(0, 4, size=n).astype(float)
+    scores[rng.random(n) < 0.05] = np.nan
+    rec = key_records(ids, toks, scores, seed=3, salt="web")
+    ok = ~np.isnan(scores)
+    order = np.flatnonzero(ok)[np.lexsort((np.flatnonzero(ok), rec["tie"][ok], rec["key"][ok]))]
+    assert (np.diff(-scores[order]) >= 0).all()                  # best first
+    before = np.concatenate([[0], np.cumsum(toks[order])[:-1]])
+    positions = [0, 1, 777, int(toks[ok].sum()) // 2, int(toks[ok].sum()) - 1, int(toks[ok].sum())]
+    for chunk in (97, 1000, n):
+        chunks = lambda: (rec[i:i + chunk] for i in range(0, n, chunk))  # noqa: E731
+        got = locate(chunks, positions, need=3, use_key=True)
+        for p, c in zip(positions[:-1], got[:-1]):
+            j = int(np.searchsorted(before + toks[order], p, side="right"))
+            assert c.row == order[j] and c.prefix == before[j], (chunk, p)
+        assert got[-1] is None                                     # past the end
 
 
-def test_preference_order_ties_and_nans():
-    scores = np.array([0.5, np.nan, 0.9, 0.5, 0.1])
-    keys = np.array([3, 0, 1, 2, 9], dtype=np.uint64)
-    assert preference_order(scores, keys, True, "best").tolist() == [2, 3, 0, 4]   # tie 0.5 broken by key
-    assert preference_order(scores, keys, True, "worst").tolist() == [4, 3, 0, 2]
-    assert preference_order(scores, keys, False, "best").tolist() == [4, 3, 0, 2]
+def test_order_key_ties_and_nans():
+    scores = np.array([0.5, -0.0, 0.9, 0.5, -2.0, 0.0])
+    best = order_key(scores, True, "best")
+    assert np.argsort(best, kind="stable").tolist() == [2, 0, 3, 1, 5, 4]
+    assert best[1] == best[5]                                      # -0.0 is 0.0
+    assert np.argsort(order_key(scores, True, "worst"), kind="stable").tolist() == [4, 1, 5, 0, 3, 2]
+    assert np.argsort(order_key(scores, False, "best"), kind="stable").tolist() == [4, 1, 5, 0, 3, 2]
+    rec = key_records(["a", "b"], [1, 1], np.array([np.nan, 1.0]), 0, "c")
+    assert rec["flags"].tolist() == [1, 3] and rec.dtype == KEY_DTYPE
 
 
 def _arrays(n=3000, seed=1):
@@ -197,30 +216,39 @@ def test_plan_counts_tokens_and_excludes_eval_documents(tmp_path, tokenizer_dir)
 
 
 def test_slice_specs_select_the_same_documents_through_mixtures(tmp_path, tokenizer_dir):
-    """The spec path (for Spark-sized pools) picks about the same documents as the local writer."""
-    from mixtures.materialize import materialize
+    """The spec path (for Spark-sized slices) selects exactly the slice component's documents:
+    integer scores with ties, 5% without a score, excluded eval ids, quantile and random slices."""
     from mixtures import ShardSet
+    from mixtures.materialize import materialize
     from mixtures.spec import load_spec
     import pyarrow.parquet as pq
+    from tests.proxy_eval.helpers import write_component
 
-    web = synthetic_scored_component(tmp_path / "c", "web", n_docs=1200, seed=5)
+    rng = np.random.default_rng(5)
+    n = 1200
+    texts = [" ".join(f"w{rng.integers(0, 999)}" for _ in range(rng.integers(5, 60))) for _ in range(n)]
+    scores = [None if rng.random() < 0.05 else float(rng.integers(0, 5)) for _ in range(n)]
+    web = write_component(tmp_path / "c", "web", texts, scores, files=3)
+    code = write_component(tmp_path / "c", "code", texts[:400], None, files=1)
+    excluded = [f"web-{i:06d}" for i in range(0, n, 9)]
+    (tmp_path / "eval_ids.txt").write_text("\n".join(excluded) + "\n")
     total = Component.open(web).manifest.n_tokens
-    rules = SliceRules(slice_tokens=total // 10, quantile_min_tokens=total // 2, random_min_tokens=1)
+    rules = SliceRules(slice_tokens=total // 10, quantile_min_tokens=total // 2, random_min_tokens=1, min_scored_fraction=0.9)
     base = {"tokenizer": {"kind": "hf", "path": str(tokenizer_dir / "tokenizer.json")}, "seq_len": 64}
-    plan = make_plan(PlanConfig(components=[ComponentRef(path=str(web))], rules=rules, out=str(tmp_path / "plan"),
-                                spec_base=base))
-    for s in (plan.slices[0], plan.slices[2]):       # q00 and q50
+    plan = make_plan(PlanConfig(components=[ComponentRef(path=str(web)), ComponentRef(path=str(code))], rules=rules,
+                                out=str(tmp_path / "plan"), spec_base=base, exclude_ids=str(tmp_path / "eval_ids.txt")))
+    assert [s.kind for s in plan.slices] == ["quantile"] * 4 + ["random"]
+    for s in plan.slices:
         spec = load_spec(tmp_path / "plan" / s.spec)
-        band = spec.components[0].retention
-        assert band.rule == "quantile_band" and band.high - band.low == pytest.approx(0.1, abs=1e-4)
-        out = materialize(spec, tmp_path / "m" / s.name)
+        assert spec.components[0].path == str(Path(web if s.component == "web" else code).resolve())
+        materialize(spec, tmp_path / "m" / s.name)
         shard_dir = tmp_path / "m" / s.name / "slice-uniform"
         ids = set()
         for shard in ShardSet.open(shard_dir).manifest.shards:
             ids |= set(pq.read_table(shard_dir / f"{shard.name}.idx.parquet", columns=["doc_id"]).column("doc_id").to_pylist())
         mine = set(Component.open(plan.slice_dir(tmp_path / "plan", s.name)).read(columns=["id"]).column("id").to_pylist())
-        assert len(ids & mine) / len(ids | mine) > 0.9, s.name
-        assert out
+        assert ids == mine and len(mine) == s.n_docs, s.name
+        assert not mine & set(excluded)
 
 
 def test_same_inputs_and_seeds_give_byte_identical_slices(tmp_path):
