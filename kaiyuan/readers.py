@@ -584,6 +584,8 @@ def _read_jsonl(split: Split, opts: ReadOptions, counters: dict[str, int]) -> It
             if damaged_at is not None and pos > damaged_at:
                 if line.strip():
                     b.bad("corrupt_archive", check.detail, line_no, line)
+                else:
+                    counters["blank_lines"] = counters.get("blank_lines", 0) + 1
                 line_no += 1
                 if len(b) >= opts.batch_rows:
                     yield b.flush()

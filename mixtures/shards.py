@@ -526,7 +526,7 @@ def write_token_lists(
         if vocab_size is None or eos_id is None:
             raise ValueError("give tokenizer=TokenizerIdentity(...) or both vocab_size and eos_id")
         tokenizer = TokenizerIdentity.synthetic(vocab_size, eos_id)
-    out = Path(out_dir)
+    out = storage.path(out_dir)
     n = len(docs)
     per = docs_per_shard or max(n, 1)
     shards: list[ShardFile] = []
@@ -585,7 +585,7 @@ class ShardSet:
         self._tokens: dict[int, np.ndarray] = {}
         self._masks: dict[int, np.ndarray] = {}
         self._starts: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._checked: dict[int, np.ndarray] = {}          # per shard: which blocks were verified
+        self._checked: dict[int, tuple[int, bytearray]] = {}   # per shard: tokens per block, verified flags
         self._sums: dict[int, np.ndarray | None] = {}
         self.vocab_size = manifest.tokenizer.vocab_size
 
@@ -658,31 +658,33 @@ class ShardSet:
     def check_blocks(self, i: int, lo: int, hi: int) -> None:
         """Verify, once each, the blocks of shard i that hold its tokens [lo, hi): the block's
         checksum (when the set has them) and every token id < vocab_size. Raises ShardError
-        naming the token file and the byte offset."""
+        naming the token file and the byte offset. After the first touch a block costs one
+        bytearray lookup per read (the per-window fast path)."""
+        checked = self._checked.get(i)
+        if checked is None:
+            s = self.manifest.shards[i]
+            per = (s.block_bytes or BLOCK_BYTES) // self.dtype.itemsize        # tokens per block
+            checked = self._checked[i] = (per, bytearray(-(-s.n_tokens // per)))
+        per, done = checked
+        for b in range(lo // per, (hi - 1) // per + 1):
+            if not done[b]:
+                self._check_block(i, b, per)
+                done[b] = 1
+
+    def _check_block(self, i: int, b: int, per: int) -> None:
         s = self.manifest.shards[i]
-        per = (s.block_bytes or BLOCK_BYTES) // self.dtype.itemsize        # tokens per block
-        if i not in self._checked:
-            self._checked[i] = np.zeros(-(-s.n_tokens // per), dtype=bool)
-        checked = self._checked[i]
-        first, last = lo // per, -(-hi // per)
-        if checked[first:last].all():
-            return
         sums = self._block_sums(i)
         tokens = self.shard_tokens(i)
         path = self.directory / s.tokens_path
-        for b in range(first, last):
-            if checked[b]:
-                continue
-            block = tokens[b * per:(b + 1) * per]
-            if sums is not None and xxhash.xxh3_64_intdigest(block) != int(sums[b]):
-                raise ShardError(path, f"block {b} (bytes {b * per * self.dtype.itemsize}-"
-                                       f"{(b * per + block.size) * self.dtype.itemsize - 1}) does not match its checksum: "
-                                       "the file is corrupted; re-materialize the set")
-            if block.size and int(block.max()) >= self.vocab_size:
-                at = b * per + int(np.argmax(block >= self.vocab_size))
-                raise ShardError(path, f"token id {int(tokens[at])} at token {at} (byte {at * self.dtype.itemsize}) "
-                                       f"is outside the vocabulary of {self.vocab_size}: the file is corrupted")
-            checked[b] = True
+        block = tokens[b * per:(b + 1) * per]
+        if sums is not None and xxhash.xxh3_64_intdigest(block) != int(sums[b]):
+            raise ShardError(path, f"block {b} (bytes {b * per * self.dtype.itemsize}-"
+                                   f"{(b * per + block.size) * self.dtype.itemsize - 1}) does not match its checksum: "
+                                   "the file is corrupted; re-materialize the set")
+        if block.size and int(block.max()) >= self.vocab_size:
+            at = b * per + int(np.argmax(block >= self.vocab_size))
+            raise ShardError(path, f"token id {int(tokens[at])} at token {at} (byte {at * self.dtype.itemsize}) "
+                                   f"is outside the vocabulary of {self.vocab_size}: the file is corrupted")
 
     # ---- access ----
     @property

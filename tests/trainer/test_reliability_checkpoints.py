@@ -117,4 +117,5 @@ def test_training_resumes_from_the_checkpoint_before_a_damaged_one(shard_sets, t
     assert (root / (last.name + ckpt.DAMAGED_SUFFIX)).is_dir()
     with pytest.raises(ContractError, match="--allow-config-change seed"):
         train(load_run_config(None, data=dict(cfg, seed=1)))
+    assert train(load_run_config(None, data=dict(cfg, seed=1)), allow_config_change=("seed",))["step"] == 8
     shutil.rmtree(root / (last.name + ckpt.DAMAGED_SUFFIX))
