@@ -1,6 +1,7 @@
 """`python -m trainer <command>`
 
-  train     --config run.yaml [key.sub=value ...]     train or resume (also under torchrun)
+  train     --config run.yaml [key.sub=value ...] [--allow-config-change KEY,...]   train or resume
+                                                      (also under torchrun)
   average   --checkpoints DIR --out DIR [--n 6 --spacing 100]   CMA: average the last n checkpoints
   export    --checkpoint DIR --out DIR [--tokenizer PATH]       Hugging Face Qwen3ForCausalLM directory
   schedule  [--config run.yaml | --kinds ...] --out lr.png      plot learning-rate schedules
@@ -23,7 +24,7 @@ def cmd_train(args) -> int:
     from trainer.train import train
 
     cfg = load_run_config(args.config, args.overrides)
-    summary = train(cfg)
+    summary = train(cfg, allow_config_change=tuple(args.allow_config_change))
     if summary and int(__import__("os").environ.get("RANK", "0")) == 0:
         print(json.dumps({k: summary[k] for k in ("run_dir", "step", "tokens_seen", "eval_loss", "checkpoint")}))
     return 0
@@ -84,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train or resume a run")
     p.add_argument("--config", required=True)
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    p.add_argument("--allow-config-change", action="extend", default=[], metavar="KEY[,KEY...]",
+                   type=lambda v: [k for k in v.split(",") if k],
+                   help="config keys a resume may change although they alter the model or the data order "
+                        "(d_model, precision, global_batch, seed, seq_len, ...)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("average", help="CMA: equal-weight average of checkpoints (BF16)")
