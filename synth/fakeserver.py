@@ -144,6 +144,8 @@ class ScriptRule(StrictModel):
     # (a tool result), the request's tool definitions (JSON), or system + last user
     where: Literal["user", "system", "last", "tools", "any"] = "user"
     tools: bool | None = None               # only requests with (true) / without (false) tools
+    seed: Literal["even", "odd"] | None = None   # only requests whose seed is even / odd (samples that differ)
+    expand: bool = False                    # `reply` uses the match's groups (\\1, \\g<name>)
     reply: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     reasoning_content: str | None = None
@@ -188,17 +190,20 @@ class ScriptedResponder:
         for i, (rule, pat) in enumerate(zip(self.script.rules, self._patterns)):
             if rule.tools is not None and bool(req.get("tools")) != rule.tools:
                 continue
+            if rule.seed is not None and (int(req.get("seed") or 0) % 2 == 0) != (rule.seed == "even"):
+                continue
             hay = {"user": user, "system": system, "any": system + "\n" + user,
                    "last": str((msgs[-1].get("content") if msgs else "") or ""),
                    "tools": json.dumps(req.get("tools") or [])}[rule.where]
-            if not pat.search(hay):
+            m = pat.search(hay)
+            if m is None:
                 continue
             with self._lock:
                 key = rule.name or f"rule {i}"
                 self.hits[key] = self.hits.get(key, 0) + 1
             if rule.responder is not None:
                 return RESPONDERS[rule.responder](req)
-            out: dict[str, Any] = {"content": rule.reply}
+            out: dict[str, Any] = {"content": m.expand(rule.reply) if rule.expand and rule.reply else rule.reply}
             if rule.tool_calls is not None:
                 out["tool_calls"] = rule.tool_calls
             if rule.reasoning_content is not None:
