@@ -30,6 +30,7 @@ ELSEWHERE = {
     "python -m synth reasoning_pairs": ("tests/synth/test_cli.py", "reasoning_pairs"),
     "python -m synth rl_difficulty": ("tests/synth/test_vllm_server.py", "rl_difficulty"),
     "python -m synth serve": ("tests/synth/test_vllm_server.py", '"serve", "vllm"'),
+    "python -m synth.fakeserver --responder": ("tests/synth/test_readme_scripted.py", "def scripted_teacher"),
     **{f"python -m synth.domains {g}": ("tests/synth/domains/test_domains_cli.py", "def test_readme_commands_run")
        for g in ("text_to_sql", "tool_use", "tool_use_conversational", "code_concepts", "finance", "mcq")},
 }
