@@ -11,7 +11,9 @@ n_tokens 20-2000, integer-valued scores 0-99 so that ties are common, 5% without
 2. peer, same run: the same selection held in memory (every id, token count and score of the
    component read into Python/numpy, then `proxy_eval.slices.select_slices`) in a subprocess,
    its peak RSS and time, and a check that both chose the same documents.
-Flat memory means the streaming plan's peak does not grow with the number of documents.
+Flat memory means the streaming plan's peak does not grow with the number of documents. The
+imports alone are measured first (the CLI loads every command's modules: torch, transformers,
+datasets), so the growth above them is what to read.
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cpus", flush=True)
+    # what the imports alone cost: the CLI (every command's modules) and the peer's modules
+    cli_s, cli_mib, _ = peak_of([sys.executable, "-m", "proxy_eval", "--help"])
+    peer_s, peer_mib, _ = peak_of([sys.executable, "-c", "import proxy_eval.plan, proxy_eval.slices"])
+    print(json.dumps({"imports": {"cli_help_s": round(cli_s, 1), "cli_help_peak_rss_mib": round(cli_mib),
+                                  "peer_imports_s": round(peer_s, 1), "peer_imports_peak_rss_mib": round(peer_mib)}}),
+          flush=True)
     for n in [int(x) for x in args.docs.split(",")]:
         print(json.dumps(bench(n, work)), flush=True)
 

@@ -194,7 +194,7 @@ class CausalLMScorer(abc.ABC):
         """Next-token logits (float32) for each row of a right-padded batch, cut to the row's length.
         Callers normalize only the positions they score (a full-vocabulary log-softmax over every
         position would cost as much as the model's last layer)."""
-        width = max(len(r) for r in rows)
+        width = max(self._width(len(r)) for r in rows)
         pad = self.eos_token_id if self.eos_token_id is not None else 0
         batch = torch.full((len(rows), width), pad, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -203,11 +203,26 @@ class CausalLMScorer(abc.ABC):
             out = self.logits(batch.to(self.device)).float().cpu()
         return [out[i, :len(r)] for i, r in enumerate(rows)]
 
-    @staticmethod
-    def _batched_order(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    PAD_MULTIPLE = 32
+
+    def _width(self, n: int) -> int:
+        """The padded width of a row of n tokens: a function of n alone (rounded up to a multiple of
+        PAD_MULTIPLE, at most max_length), so a row's logits never depend on its batch mates."""
+        return min(max(n, self.max_length), -(-n // self.PAD_MULTIPLE) * self.PAD_MULTIPLE)
+
+    def _batched_order(self, lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+        """Batches of rows of one padded width, longest first, ties by index: neither the batch size
+        nor the other requests change a row's padded input (float results are then bit-identical
+        across batch sizes, as kernels see the same shapes per row)."""
+        order = sorted(range(len(lengths)), key=lambda i: (-self._width(lengths[i]), -lengths[i], i))
         bs = max(1, int(batch_size))
-        return [order[i:i + bs] for i in range(0, len(order), bs)]
+        out: list[list[int]] = []
+        for i in order:
+            if out and len(out[-1]) < bs and self._width(lengths[out[-1][0]]) == self._width(lengths[i]):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
 
     # -- the interface --
     def loglikelihood(self, requests: Sequence[tuple[str, str]], batch_size: int = 8) -> list[ContinuationScore]:
