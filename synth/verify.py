@@ -81,20 +81,23 @@ def parse_reasoning(text: str, mode: str) -> ReasoningParse:
 # ---- final answers ------------------------------------------------------------------------------
 
 def boxed_spans(text: str) -> list[tuple[int, str]]:
-    """(start, content) of every \\boxed{...} / \\fbox{...} (braces balanced) and `\\boxed 5`."""
+    """(start, content) of every \\boxed{...} / \\fbox{...} (braces balanced) and `\\boxed 5`,
+    in one pass over the text (no box rescans the rest: a reply of 10^5 unclosed boxes is linear)."""
+    closes: dict[int, int] = {}
+    stack: list[int] = []
+    for i, c in enumerate(text):
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            closes[stack.pop()] = i
     out: list[tuple[int, str]] = []
     for m in re.finditer(r"\\(?:boxed|fbox)\s*(\{)?", text):
         if m.group(1) is None:            # `\boxed 5`: one token
-            t = re.match(r"\s*([^\s$]+)", text[m.end():])
+            t = re.match(r"\s*([^\s$]+)", text[m.end(): m.end() + 200])
             if t:
                 out.append((m.start(), t.group(1)))
-            continue
-        depth, j = 1, m.end()
-        while j < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            j += 1
-        if depth == 0:
-            out.append((m.start(), text[m.end(): j - 1].strip()))
+        elif m.start(1) in closes:
+            out.append((m.start(), text[m.end(): closes[m.start(1)]].strip()))
     return out
 
 
@@ -134,6 +137,9 @@ def _sentence_at(text: str, i: int) -> str:
     return text[start: min(ends) if ends else len(text)]
 
 
+_MAX_FINAL_BOXES = 8
+
+
 def committed_answer(text: str) -> tuple[str | None, str]:
     """(answer, problem): what the response commits to, strictly. Several different boxed answers
     in the final paragraph come back joined by " or " (a set when the reference is one, else a
@@ -143,8 +149,8 @@ def committed_answer(text: str) -> tuple[str | None, str]:
         last_start = spans[-1][0]
         para = text.rfind("\n\n", 0, last_start)
         finals: list[str] = []
-        for start, content in spans:
-            if start > para and not any(math_equivalent(content, f) for f in finals):
+        for start, content in [sp for sp in spans if sp[0] > para][-_MAX_FINAL_BOXES:]:
+            if not any(math_equivalent(content, f) for f in finals):
                 finals.append(content)
         answer, where = " or ".join(finals), last_start
     elif (m := list(re.finditer(r"####\s*([^\n]+)", text))):
@@ -180,8 +186,8 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\degree|\s*\bdegrees?\b", re.I)
 _MONEY = re.compile(r"\\\$|\$|\\euro|€|£|\bUSD\b|\bdollars?\b|\bcents?\b", re.I)
 _PERCENT = re.compile(r"\s*(?:\\%|%|\bpercent\b)\s*$", re.I)
 # Trailing units: words (or one SI letter) after the value, with powers and per-units (minerva's list, generalised).
-_UNITS = re.compile(r"(?<=[\d}).])\s*(?:[a-zA-Z]{2,}|(?<=\s)[mgsLhKNJWVA])(?:\s*[a-zA-Z]+)*(?:\s*/\s*[a-zA-Z]+)*"
-                    r"(?:\^\{?\d\}?)?\s*$")
+_UNITS = re.compile(r"(?<=[\d}).])\s*(?:[a-zA-Z]{2,}|(?<=\s)[mgsLhKNJWVA])(?![a-zA-Z])(?:\s+[a-zA-Z]+)*"
+                    r"(?:\s*/\s*[a-zA-Z]+)*(?:\^\{?\d\}?)?\s*$")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:(?:,|\{,\}|\\,| )\d{3})+(?:\.\d+)?")
 _INFINITY = re.compile(r"^(?:\+|-)?\s*(?:\\infty|infinity|inf|oo)$", re.I)
 
@@ -229,7 +235,8 @@ def normalize_answer(s: str) -> str:
 # (exact powers above _MAX_EXACT_BITS and factorials above 1000 are "too large" and never equal).
 
 MAX_EXPR_CHARS = 200
-_MAX_EXACT_BITS = 20_000
+MAX_ANSWER_CHARS = 2000
+_MAX_EXACT_BITS = 65_536
 _FUNCS = {"sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan, "cot": lambda z: 1 / cmath.tan(z),
           "sec": lambda z: 1 / cmath.cos(z), "csc": lambda z: 1 / cmath.sin(z), "arcsin": cmath.asin,
           "arccos": cmath.acos, "arctan": cmath.atan, "sinh": cmath.sinh, "cosh": cmath.cosh, "tanh": cmath.tanh,
@@ -421,27 +428,46 @@ def parse_expression(text: str) -> tuple | None:
         return None
     try:
         return _Parser(text).parse()
-    except (ValueError, IndexError, ZeroDivisionError):
+    except (ValueError, IndexError, ZeroDivisionError, RecursionError):
         return None
 
 
 def _variables(node: tuple) -> set[str]:
+    """The free variables of an expression tree (its depth is bounded by MAX_EXPR_CHARS)."""
     if node[0] == "v":
         return {node[1]}
     return set().union(*(_variables(c) for c in node[1:] if isinstance(c, tuple)))
 
 
+def _int_root(n: int, q: int) -> int | None:
+    """The exact integer q-th root of n >= 0, or None (Newton's method on integers: no floats)."""
+    if n < 2:
+        return n
+    r = math.isqrt(n) if q == 2 else 1 << -(-n.bit_length() // q)      # an upper bound for Newton
+    if q != 2:
+        for _ in range(200):
+            nxt = ((q - 1) * r + n // r ** (q - 1)) // q
+            if nxt >= r:
+                break
+            r = nxt
+        while r ** q > n:
+            r -= 1
+        while (r + 1) ** q <= n:
+            r += 1
+    return r if r ** q == n else None
+
+
 def _exact_root(x: Fraction, q: int) -> Fraction | None:
-    if x < 0 or q > 64:
+    if x < 0 or q > 64 or max(x.numerator, x.denominator).bit_length() > _MAX_EXACT_BITS:
         return None
-    num, den = round(x.numerator ** (1 / q)), round(x.denominator ** (1 / q))
-    return Fraction(num, den) if num ** q == x.numerator and den ** q == x.denominator else None
+    num, den = _int_root(x.numerator, q), _int_root(x.denominator, q)
+    return Fraction(num, den) if num is not None and den is not None else None
 
 
 def _pow(a: Value, b: Value) -> Value:
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         if b.denominator == 1:
-            bits = max(a.numerator.bit_length(), a.denominator.bit_length())
+            bits = math.log2(max(abs(a.numerator), a.denominator, 1))
             if abs(b.numerator) * bits > _MAX_EXACT_BITS:
                 if abs(a) in (0, 1):
                     return a ** int(b) if a != 0 or b > 0 else _undefined()
@@ -512,10 +538,23 @@ def _evaluate(node: tuple, env: dict[str, complex]) -> Value:
     raise ValueError(f"unknown node {op!r}")
 
 
+def _value(node: tuple, env: dict[str, complex]) -> Value:
+    """`_evaluate`, with every arithmetic failure mapped onto too-large or undefined."""
+    try:
+        return _evaluate(node, env)
+    except (OverflowError, RecursionError, MemoryError) as e:
+        raise _TooLarge(type(e).__name__) from None
+    except (ZeroDivisionError, ValueError, TypeError) as e:
+        raise _Undefined(str(e)) from None
+
+
 def _close(a: Value, b: Value, rel: float = 1e-9) -> bool:
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
-    za, zb = complex(a), complex(b)
+    try:
+        za, zb = complex(a), complex(b)
+    except OverflowError:
+        return False
     if not (cmath.isfinite(za) and cmath.isfinite(zb)):
         return False
     return abs(za - zb) <= rel * max(1.0, abs(za), abs(zb))
@@ -538,13 +577,13 @@ def expressions_equal(a: tuple, b: tuple) -> bool:
     agree = 0
     for env in envs:
         try:
-            va = _evaluate(a, env)
+            va = _value(a, env)
         except _Undefined:
             va = None
         except _TooLarge:
             return False
         try:
-            vb = _evaluate(b, env)
+            vb = _value(b, env)
         except _Undefined:
             vb = None
         except _TooLarge:
@@ -562,14 +601,15 @@ def _fingerprint(node: tuple) -> str | None:
     out = []
     for env in _environments(names) if names else [{}]:
         try:
-            v = _evaluate(node, env)
-        except (_Undefined, _TooLarge):
+            v = _value(node, env)
+            if not isinstance(v, Fraction):
+                v = complex(v)
+        except (_Undefined, _TooLarge, OverflowError):
             out.append("u")
             continue
         if isinstance(v, Fraction):
-            out.append(str(v))
+            out.append(str(v) if v.numerator.bit_length() < 256 else f"{v.numerator.bit_length()}b{hash(v)}")
         else:
-            v = complex(v)
             if abs(v.imag) < 1e-12 * max(1.0, abs(v.real)) and abs(v.real - round(v.real)) < 1e-9:
                 out.append(str(round(v.real)))
             else:
@@ -755,7 +795,12 @@ def math_equivalent(pred: str | None, ref: str | None, *, unordered: bool = Fals
         return False
     if normalize_answer(pred) == normalize_answer(ref):
         return True
-    return answers_equal(parse_answer(pred), parse_answer(ref), unordered)
+    if max(len(pred), len(ref)) > MAX_ANSWER_CHARS:
+        return False           # no final answer is this long; only the exact text could match
+    try:
+        return answers_equal(parse_answer(pred), parse_answer(ref), unordered)
+    except RecursionError:
+        return False
 
 
 def _key(a: Answer) -> str:
@@ -776,7 +821,12 @@ def canonical_math_key(ans: str | None) -> str | None:
     or an expression's values at the fixed test points, or the normalised text."""
     if ans is None or not normalize_answer(ans):
         return None
-    return _key(parse_answer(ans))
+    if len(ans) > MAX_ANSWER_CHARS:
+        return "str:" + normalize_answer(ans)
+    try:
+        return _key(parse_answer(ans))
+    except RecursionError:
+        return "str:" + normalize_answer(ans)
 
 
 _ALL_SOLUTIONS = re.compile(r"\b(?:find|enter|list|give)\s+all\b|\ball\s+(?:the\s+)?(?:real\s+|possible\s+|integer\s+|complex\s+)?"

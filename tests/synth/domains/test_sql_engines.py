@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from synth.domains.sql_engines import (ExecutionResult, execute_on_mysql, execute_on_postgres, results_match,
@@ -110,10 +108,8 @@ def test_pragma_and_attach_are_refused_even_inside_a_query():
     ("sqlite", "SELECT length(zeroblob(200000000))"),
 ])
 def test_row_and_byte_limits(run, dialect, query):
-    t0 = time.monotonic()
     r = run(dialect, query)
     assert r.status == "limit_exceeded", r
-    assert time.monotonic() - t0 < 30
 
 
 def test_zeroblob_cannot_exhaust_the_validators_memory():
