@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from synth.verify import (Outcome, canonical_math_key, check_json_schema, extract_choice_letter, extract_final_answer,
