@@ -180,6 +180,43 @@ def run_peer(args) -> dict:
     return got
 
 
+def attention_probe() -> dict:
+    """Causal SDPA fwd+bwd at the 1.7B shape (4 x 16 heads x 4096 x 128, 8 KV heads) under the loop's
+    backend order: grouped KV heads as given, and expanded to 16 (what the model does on CUDA)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from trainer.train import attention_context
+
+    dev = torch.device("cuda")
+    q = torch.randn(4, 16, 4096, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    kv = [torch.randn(4, 8, 4096, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
+    flops = 4 * 4 * 16 * 4096 * 4096 / 2 * 128 * 3.5          # causal fwd (2 products) + bwd (2.5x)
+    out = {}
+    for name, expand in (("gqa", False), ("expanded", True)):
+        def step():
+            k, v = kv
+            if expand:
+                k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            with attention_context(dev):
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            y.sum().backward()
+        ms = do_bench(step, warmup=50, rep=300, return_mode="median")
+        out[name] = {"ms": ms, "tflops": flops / ms / 1e9}
+    for name, b in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([b]):
+                ms = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, kv[0].repeat_interleave(2, 1), kv[1].repeat_interleave(2, 1), is_causal=True).sum().backward(),
+                    warmup=50, rep=300, return_mode="median")
+            out[f"{name}-only-expanded"] = {"ms": ms, "tflops": flops / ms / 1e9}
+        except RuntimeError as e:
+            out[f"{name}-only-expanded"] = {"error": str(e)[:300]}
+    log(f"attention probe: {out}")
+    return out
+
+
 def ratios(v: dict) -> dict:
     def tps(name):
         r = v.get(name) or {}
@@ -229,6 +266,7 @@ def main() -> None:
     p.add_argument("--peer-steps", type=int, default=3)
     p.add_argument("--peer-timeout", type=int, default=330)
     p.add_argument("--peer-first", action="store_true")
+    p.add_argument("--attention-probe", action="store_true", help="time causal SDPA fwd+bwd first (seconds)")
     args = ap.parse_args()
     if args.command == "prepare":
         print(json.dumps(prepare(Path(args.out), args.tokens), indent=1))
@@ -255,6 +293,12 @@ def main() -> None:
                 result["peer_error"] = f"{type(e).__name__}: {e}"[:2000]
             write()
 
+    if args.attention_probe:
+        try:
+            result["attention_probe"] = attention_probe()
+        except Exception as e:  # noqa: BLE001 - a probe, reported
+            result["attention_probe"] = {"error": f"{type(e).__name__}: {e}"[:1000]}
+        write()
     if args.peer_first:
         peers()
     for name in args.variants.split(","):

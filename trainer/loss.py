@@ -32,7 +32,7 @@ def chunk_loss_and_grads(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     `need_grads`, (loss sum, None, None). targets < 0 have weight 0 (their gradient is 0)."""
     hc, wc = h.to(compute_dtype), weight.to(compute_dtype)
     z = hc @ wc.t()                                                          # (n, V)
-    zf = z.float()
+    zf = z.to(_acc_dtype(z))                                                 # fp32 (fp64 stays)
     lse = torch.logsumexp(zf, dim=-1)
     safe_t = targets.clamp_min(0)
     picked = zf.gather(1, safe_t[:, None]).squeeze(1)
@@ -43,18 +43,23 @@ def chunk_loss_and_grads(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     dz = dz.scatter_add(1, safe_t[:, None], -torch.ones_like(picked[:, None]))
     dz = (dz * token_w[:, None]).to(compute_dtype)
     dh = (dz @ wc).to(h.dtype)
-    dw = (dz.t() @ hc).float()
+    dw = (dz.t() @ hc).to(_acc_dtype(z))
     return loss_sum, dh, dw
 
 
 ChunkFn = Callable[..., tuple]
 
 
+def _acc_dtype(h: torch.Tensor) -> torch.dtype:
+    """The loss sum's dtype: fp32, or fp64 for fp64 inputs (the tests' reference precision)."""
+    return torch.float64 if h.dtype == torch.float64 else torch.float32
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, targets, token_w, chunk_tokens: int, compute_dtype: torch.dtype, chunk_fn):
         n = h.shape[0]
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        total = torch.zeros((), dtype=_acc_dtype(h), device=h.device)
         dh = torch.empty_like(h)
         dw = None
         for start in range(0, n, chunk_tokens):
@@ -94,7 +99,7 @@ def linear_cross_entropy_sum(h: torch.Tensor, weight: torch.Tensor, targets: tor
     with torch.autocast(h.device.type, enabled=False):
         if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
             return _LinearCrossEntropy.apply(h2, weight, t, w, chunk_tokens, compute_dtype, chunk_fn)
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        total = torch.zeros((), dtype=_acc_dtype(h), device=h.device)
         for start in range(0, h2.shape[0], chunk_tokens):
             sl = slice(start, start + chunk_tokens)
             s, _, _ = chunk_fn(h2[sl], weight, t[sl], w[sl], compute_dtype, False)

@@ -160,6 +160,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B,K,T,Dh)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mask is None:
+            if q.is_cuda and self.n_heads != self.n_kv_heads:
+                # cuDNN's fused attention (the fastest on Hopper) takes no grouped heads: expand them
+                rep = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         elif isinstance(mask, torch.Tensor):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

@@ -454,6 +454,9 @@ def resolve_model_config(cfg: RunConfig, ref: ckpt.CheckpointState | None, data_
     config's values (with a warning). A checkpoint's vocabulary may be larger than the data's (padded)."""
     wanted = cfg.model.build(data_vocab, seq_len)
     if ref is None:
+        if wanted.vocab_size < data_vocab:
+            raise ValueError(f"model.overrides.vocab_size {wanted.vocab_size} < data vocabulary {data_vocab}: "
+                             "the data's token ids would not fit the embedding")
         return wanted
     saved = ModelConfig.model_validate(ref.model)
     if saved.vocab_size < data_vocab:

@@ -52,6 +52,11 @@ def phase2_config(variant: str, *, base: dict[str, Any], phase1_checkpoint: str,
         sched["hold_from_step"] = phase1_step + resume_step
         cfg["train"]["steps"] = resume_step + continue_steps
     if variant == "CMA":
+        window = (average_n - 1) * average_spacing
+        if window > continue_steps:
+            raise ValueError(f"CMA averages {average_n} checkpoints {average_spacing} steps apart ({window} steps back "
+                             f"from the end), but only the last continue_steps ({continue_steps}) run at the held "
+                             f"rate: the window would reach back into the decay (before resume_step {resume_step})")
         cfg["average"] = {"n": average_n, "spacing": average_spacing}
     return load_run_config(None, data=cfg)
 
