@@ -4,6 +4,7 @@
                                                       (also under torchrun)
   average   --checkpoints DIR --out DIR [--n 6 --spacing 100]   CMA: average the last n checkpoints
   export    --checkpoint DIR --out DIR [--tokenizer PATH]       Hugging Face Qwen3ForCausalLM directory
+  import-hf DIR --out CKPT [--vocab-multiple N]                 a Hugging Face Qwen3 model as a checkpoint
   schedule  [--config run.yaml | --kinds ...] --out lr.png      plot learning-rate schedules
   params    --preset 1.7b [--vocab N]                            parameter counts and MuonH routing
 """
@@ -50,6 +51,14 @@ def cmd_export(args) -> int:
     out = export_hf(args.checkpoint, args.out, tokenizer=args.tokenizer, dtype=_DTYPES[args.dtype],
                     eos_token=args.eos_token)
     print(json.dumps({"out": str(out)}))
+    return 0
+
+
+def cmd_import_hf(args) -> int:
+    from trainer.hf import import_hf
+
+    out = import_hf(args.directory, args.out, vocab_multiple=args.vocab_multiple)
+    print(json.dumps({"checkpoint": str(out)}))
     return 0
 
 
@@ -107,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eos-token", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("import-hf", help="a Hugging Face Qwen3 model directory as a trainer checkpoint")
+    p.add_argument("directory", help="a Qwen3ForCausalLM directory (config.json, model.safetensors), tied or untied")
+    p.add_argument("--out", required=True, help="checkpoints dir: writes OUT/step_00000000 (use as init_from.path)")
+    p.add_argument("--vocab-multiple", type=int, default=None, help="pad the vocabulary to a multiple (e.g. 128)")
+    p.set_defaults(fn=cmd_import_hf)
 
     p = sub.add_parser("schedule", help="plot learning-rate schedules")
     p.add_argument("--config", help="plot this run's schedule (base and matrix-group rates)")

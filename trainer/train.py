@@ -520,8 +520,11 @@ def build(cfg: RunConfig, start: StartState, dist_: Dist, precision: str, data_v
     if start.kind == "resume":
         optimizer.load_state_dict(ckpt.load_optimizer_state(start.directory))
         ckpt.restore_rng(start.state.rng.get(str(dist_.rank), start.state.rng.get("0", {})))
-    elif start.kind == "init" and cfg.init_from.load_optimizer and cfg.init_from.hf is None:
-        optimizer.load_state_tensors(ckpt.load_optimizer_state(start.directory))
+    elif start.kind == "init" and cfg.init_from.load_optimizer:
+        if any("hf" in s for s in start.state.sources):
+            log.info("%s was imported from Hugging Face: no optimizer state, the optimizer starts fresh", start.directory)
+        else:
+            optimizer.load_state_tensors(ckpt.load_optimizer_state(start.directory))
     if dist_.world > 1 and cfg.parallel.data == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         loss_model = DDP(loss_model, device_ids=[device.index] if device.type == "cuda" else None)
