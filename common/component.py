@@ -101,20 +101,20 @@ def finalize_component(
 class Component:
     """A validated, read-only view of a component directory (local or on an object store).
 
-    `directory` is the component's name for lineage and errors; `root` is where its committed files
-    are (the directory itself on POSIX, its committed attempt on an object store)."""
+    `directory` is where its committed files are: the directory itself on POSIX, its committed
+    attempt (`<location>/_attempt-<id>`) on an object store; `location` is what it was opened as."""
 
-    def __init__(self, directory: Path, manifest: ComponentManifest, root: Path | None = None):
+    def __init__(self, directory: Path, manifest: ComponentManifest, location: Path | None = None):
         self.directory = directory
         self.manifest = manifest
-        self.root = directory if root is None else root
+        self.location = directory if location is None else location
 
     @classmethod
     def open(cls, directory: str | os.PathLike, verify_hashes: bool = False) -> "Component":
-        directory = storage.path(directory)
-        root = storage.committed(directory)
+        location = storage.path(directory)
+        root = storage.committed(location)
         if root is None:
-            raise ContractError(directory, "component directory not found (or nothing committed there)")
+            raise ContractError(location, "component directory not found (or nothing committed there)")
         manifest = ComponentManifest.read(root / MANIFEST_NAME)
         for entry in manifest.files:
             p = root / entry.path
@@ -125,7 +125,7 @@ class Component:
                 raise ContractError(p, f"is {size} bytes, the manifest says {entry.n_bytes} (truncated or rewritten)")
             if verify_hashes and sha256_file(p) != entry.sha256:
                 raise ContractError(p, "sha256 does not match the manifest (corrupted)")
-        return cls(directory, manifest, root)
+        return cls(root, manifest, location)
 
     @property
     def name(self) -> str:
@@ -133,7 +133,7 @@ class Component:
 
     @property
     def paths(self) -> list[Path]:
-        return [self.root / f.path for f in self.manifest.files]
+        return [self.directory / f.path for f in self.manifest.files]
 
     @property
     def columns(self) -> list[str]:
@@ -142,12 +142,12 @@ class Component:
     def require_column(self, column: str, purpose: str = "") -> None:
         if column not in self.manifest.columns:
             why = f" ({purpose})" if purpose else ""
-            raise ContractError(self.root / MANIFEST_NAME,
+            raise ContractError(self.directory / MANIFEST_NAME,
                                 f"has no column '{column}'{why}; columns: {', '.join(self.columns)}", field="columns")
 
     def dataset(self) -> pads.Dataset:
-        if storage.is_remote(self.root):
-            fs, _ = storage.arrow_filesystem(self.root)
+        if storage.is_remote(self.directory):
+            fs, _ = storage.arrow_filesystem(self.directory)
             return pads.dataset([storage.filesystem(p)[1] for p in self.paths], format="parquet", filesystem=fs)
         return pads.dataset([str(p) for p in self.paths], format="parquet")
 

@@ -386,7 +386,7 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     if flat and len(sets or set_names(spec)) != 1:
         raise ValueError(f"flat=True writes one set, this call makes {sets or [s[0] for s in set_names(spec)]}")
     tokenizer = load_tokenizer(spec.tokenizer)
-    inputs = fingerprints([c.root / MANIFEST_NAME for c in opened.values()])
+    inputs = fingerprints([c.directory / MANIFEST_NAME for c in opened.values()])
     results, todo = select_sets(spec, set_dir, inputs, sets=sets, force=force, progress=progress)
     if not todo:
         return results

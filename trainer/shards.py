@@ -2,7 +2,9 @@
 
 `ShardStream` wraps `mixtures.ShardReader` (sequential, exact resume from its global cursor, data-
 parallel split); `eval_micro_batches` wraps `mixtures.EvalReader` (a fixed held-out set, every target
-once, padding masked). Nothing here opens a shard file itself.
+once, padding masked). Nothing here opens a shard file itself. A shard set on an object store
+(`data.train: s3://...`) is staged into the local cache by `ShardSet.open` (`common.storage.local_copy`:
+every file checked against the commit record's sha256) and memory-mapped from there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from common import storage
 from common.errors import ContractError
 from common.hashing import sha256_file
 from trainer.data import MicroBatch
@@ -59,7 +62,7 @@ class ShardStream:
         if global_batch % (micro_batch * world):
             raise ValueError(f"train.global_batch ({global_batch}) must be a multiple of "
                              f"micro_batch x ranks ({micro_batch} x {world})")
-        self.path = Path(path)
+        self.path = storage.path(path)
         self.reader = ShardReader(path, global_batch_size=global_batch, seq_len=seq_len, rank=rank, world_size=world,
                                   tokenizer=_tokenizer_arg(tokenizer), verify_hashes=verify_hashes, loop=loop)
         manifest = self.reader.manifest
@@ -116,7 +119,7 @@ def shard_set_tokenizer(path: str | os.PathLike) -> tuple[Path | None, str | Non
     want = ident.files.get("tokenizer.json")
     if want is None:
         return None, None
-    base = Path(path)
+    base = shard_set.directory          # the staged copy of an object-store set
     for cand in (base / "tokenizer.json", base / "tokenizer" / "tokenizer.json", base.parent / "tokenizer" / "tokenizer.json",
                  base.parent / "tokenizer.json"):
         if cand.is_file() and sha256_file(cand) == want:

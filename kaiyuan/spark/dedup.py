@@ -389,4 +389,4 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
 def _lineage_entry(c: Component) -> dict[str, Any]:
     m = c.manifest
     return {"job": m.job, "config_hash": m.config_hash, "code_version": m.code_version,
-            "manifest": storage.join(c.root, "manifest.json"), "n_docs": m.n_docs}
+            "manifest": storage.join(c.directory, "manifest.json"), "n_docs": m.n_docs}
