@@ -70,6 +70,19 @@ def make_pool(root: Path, n_docs: int, seed: int = 0) -> dict[str, Path]:
     return out
 
 
+def make_pools(prefix: str, docs: int, sizes: list[int], vocab: int) -> tuple[Path, dict[int, dict[str, Path]], Path]:
+    """A work directory, pools of each size (`make_pool`, 1x = `docs` web documents) and a
+    byte-level BPE of `vocab` ids trained on the smallest pool: (work, {size: pool}, tokenizer.json)."""
+    from common.component import Component
+    from mixtures.tokenizers import train_bpe
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    pools = {s: make_pool(work / f"pool{s}", docs * s, seed=s) for s in sizes}
+    sample = (t for c in pools[sizes[0]].values() for t in Component.open(c).read(["text"]).column("text").to_pylist()[:1500])
+    train_bpe(sample, vocab, work / "tok")
+    return work, pools, work / "tok" / "tokenizer.json"
+
+
 def spec_for(comps: dict[str, Path], tokenizer_json: Path) -> dict:
     return {"name": "bench", "tokenizer": {"kind": "hf", "path": str(tokenizer_json)}, "seq_len": 1024,
             "bucket_count": 8,
@@ -122,17 +135,12 @@ def main() -> None:
         child_main(args)
         return
     from common.component import Component
-    from mixtures.tokenizers import train_bpe
 
     print(f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}, cores {os.cpu_count()}, "
           f"load average at start {os.getloadavg()[0]:.2f}")
-    work = Path(tempfile.mkdtemp(prefix="bench-materialize-"))
     sizes = [int(s) for s in args.sizes.split(",")]
-    pools = {s: make_pool(work / f"pool{s}", args.docs * s, seed=s) for s in sizes}
+    work, pools, tok_json = make_pools("bench-materialize-", args.docs, sizes, args.vocab)
     base = pools[sizes[0]]
-    sample = (t for c in base.values() for t in Component.open(c).read(["text"]).column("text").to_pylist()[:1500])
-    train_bpe(sample, args.vocab, work / "tok")
-    tok_json = work / "tok" / "tokenizer.json"
     spec = spec_for(base, tok_json)
     raw_best, local_best, raw_cpu, local_cpu = 0.0, 0.0, 0.0, 0.0
     for r in range(args.repeats):

@@ -24,7 +24,7 @@ if __name__ == "__main__":  # spark-submit runs this file directly: find the pac
 
 from common.errors import ContractError  # noqa: E402
 from kaiyuan.config import SparkConfig  # noqa: E402
-from kaiyuan.spark.materialize import run  # noqa: E402
+from kaiyuan.spark.materialize import default_work_dir, run  # noqa: E402
 from kaiyuan.spark.session import get_session  # noqa: E402
 from mixtures.spec import load_spec  # noqa: E402
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
-    work = Path(args.work_dir).resolve() if args.work_dir else out / f".work-{spec.spec_hash()[:12]}-spark"
+    work = Path(args.work_dir).resolve() if args.work_dir else default_work_dir(spec, out)
     checkpoints = args.checkpoint_dir or str(work / "checkpoints")
     spark = get_session(SparkConfig(master=args.master, driver_memory=args.driver_memory,
                                     shuffle_partitions=args.shuffle_partitions, checkpoint_dir=checkpoints),

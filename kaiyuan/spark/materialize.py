@@ -724,6 +724,11 @@ def write_set(spark, spec: MixtureSpec, tokenizer: Tokenizer, planned: Planned, 
     return manifest
 
 
+def default_work_dir(spec: MixtureSpec, out: Path) -> Path:
+    """Where the token spill (and the CLI's checkpoints) go unless told: beside the sets."""
+    return out / f".work-{spec.spec_hash()[:12]}-spark"
+
+
 def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] | None = None,
         work_dir: str | Path | None = None, keep_work: bool = False, force: bool = False,
         checkpoint_dir: str | Path | None = None, progress: Callable[[str], None] | None = None
@@ -744,7 +749,7 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
     results, todo = select_sets(spec, lambda name: out / name, inputs, sets=sets, force=force, progress=progress)
     if not todo:
         return results
-    work = Path(work_dir).resolve() if work_dir else out / f".work-{spec.spec_hash()[:12]}-spark"
+    work = Path(work_dir).resolve() if work_dir else default_work_dir(spec, out)
     work.mkdir(parents=True, exist_ok=True)
     if checkpoint_dir:
         spark.sparkContext.setCheckpointDir(str(checkpoint_dir))
