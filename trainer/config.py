@@ -139,7 +139,7 @@ class AverageSection(StrictModel):
 
 class ParallelSection(StrictModel):
     """How the model is spread over ranks under torchrun, and what the backward recomputes."""
-    data: Literal["ddp"] = "ddp"
+    data: Literal["ddp", "fsdp"] = "ddp"     # fsdp: FSDP2 fully_shard (trainer.parallel)
     activation_checkpointing: str = "none"    # none | selective | full (trainer.parallel)
 
     @model_validator(mode="after")

@@ -11,7 +11,10 @@ The matrix groups run at m times the base learning rate (m = 10 in Puro), AdamW 
 
 Newton-Schulz runs batched over all matrices of the same shape (one `baddbmm` chain per shape), and
 under data parallelism each rank orthogonalizes a contiguous share of every shape's stack and the
-results are all-gathered (as in modded-nanogpt), so the work is split, not repeated.
+results are all-gathered (as in modded-nanogpt), so the work is split, not repeated. Under FSDP2 the
+matrices are row shards (DTensors): the step gathers each full gradient and matrix (Newton-Schulz and
+the hyperball norm need whole matrices), splits the Newton-Schulz work over the ranks as above, and
+writes back each rank's rows; the momentum buffers stay full matrices on every rank.
 """
 
 from __future__ import annotations
@@ -154,6 +157,24 @@ def effective_lr(displacement: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 # The matrix optimizer
 # --------------------------------------------------------------------------------------------
 
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 shard (a DTensor; an all-gather), or `t` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+@torch.no_grad()
+def write_full_(p: torch.Tensor, value: torch.Tensor) -> None:
+    """p <- value, where p may be an FSDP2 row shard (this rank's rows of `value` are copied)."""
+    if not hasattr(p, "to_local"):
+        p.copy_(value)
+        return
+    local = p.to_local()
+    rank, world = _dp_world()
+    rows = value.chunk(world, dim=0)                      # FSDP2's Shard(0) split
+    if rank < len(rows) and local.numel():
+        local.copy_(rows[rank])
+
+
 def _dp_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -196,7 +217,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             for p in g["params"]:
                 st = self.state[p]
                 if "radius" not in st:
-                    R = p.detach().float().norm()
+                    R = full(p.detach()).float().norm()
                     if R == 0:
                         raise ValueError(f"MuonH needs non-zero initial matrices (group {g.get('name')}): "
                                          "the radius R = ||W_0||_F would be 0")
@@ -237,12 +258,12 @@ class MatrixOptimizer(torch.optim.Optimizer):
                     buckets[tuple(p.shape)].append((g, p))
         for shape, items in buckets.items():
             params = [p for _, p in items]
-            grads = torch.stack([p.grad.float() for p in params])
+            grads = torch.stack([full(p.grad).float() for p in params])
             bufs = []
             for p in params:
                 st = self.state[p]
                 if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
+                    st["momentum_buffer"] = torch.zeros_like(full(p.detach()), dtype=torch.float32)
                 bufs.append(st["momentum_buffer"])
             buf_stack = torch.stack(bufs)
             g0 = items[0][0]
@@ -252,7 +273,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             u = self._orthogonalize(m)
             if self.rule == "muon" and self.muon_scale == "shape":
                 u = u * math.sqrt(max(1.0, shape[0] / shape[1]))
-            W = torch.stack([p.float() for p in params])
+            W = torch.stack([full(p.detach()).float() for p in params])
             lrs = torch.tensor([g["lr"] for g, _ in items], dtype=torch.float32, device=W.device).view(-1, 1, 1)
             wds = torch.tensor([g["weight_decay"] for g, _ in items], dtype=torch.float32, device=W.device).view(-1, 1, 1)
             if self.rule == "muonh":
@@ -263,7 +284,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             else:
                 W_new, disp = elr_aligned_update(W, u, lrs, wds)
             for (g, p), w_new in zip(items, W_new.unbind(0)):
-                p.copy_(w_new)
+                write_full_(p, w_new)
             if self.measure:
                 for (g, _), r in zip(items, effective_lr(disp, W).tolist()):
                     self.last_effective_lr.setdefault(g["name"], []).append(r)

@@ -1,5 +1,12 @@
-"""Around the model, not in it (the torchtitan split): activation checkpointing and how the full
-weights and optimizer state are gathered for a checkpoint.
+"""Around the model, not in it (the torchtitan split): activation checkpointing, FSDP2, and how the
+full weights and optimizer state are gathered for a checkpoint (and sharded again on resume).
+
+FSDP2 (`parallel.data: fsdp`, under torchrun): `fully_shard` on every block, then on the loss module
+as the root (the embedding, final norm and LM head), over one mesh of all ranks; parameters are fp32
+row shards, gathered in BF16 for compute on CUDA (reduce in fp32). Gradients are reduce-scattered
+only on the last micro-batch of a step. Checkpoints hold full tensors, the same files as DDP runs
+write, so a run may change between DDP and FSDP when it resumes. MuonH's Newton-Schulz needs whole
+matrices: `trainer.optim` gathers them and splits the Newton-Schulz work over the ranks.
 
 Activation checkpointing (`parallel.activation_checkpointing`):
 
@@ -60,17 +67,69 @@ def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
         block.forward = functools.partial(_checkpointed, block.forward, context_fn)
 
 
+def apply_fsdp(loss_model: torch.nn.Module, model: Transformer, device: torch.device,
+               precision: str) -> torch.nn.Module:
+    """Shard `model`'s blocks and then `loss_model` (the root) over all ranks with FSDP2."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    mp = MixedPrecisionPolicy()
+    if device.type == "cuda" and precision in ("bf16", "fp8-blockwise"):
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(loss_model, mesh=mesh, mp_policy=mp)
+    return loss_model
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def full_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """The model's weights by Hugging Face-style name (RoPE tables are not weights)."""
-    return {k: v for k, v in model.state_dict().items() if not k.startswith("rope_")}
+    """The model's full weights by Hugging Face-style name (RoPE tables are not weights). Under
+    FSDP2 every rank must call it (the shards are all-gathered)."""
+    return {k: _full(v) for k, v in model.state_dict().items() if not k.startswith("rope_")}
 
 
 def full_optimizer_state(optimizer, model: Transformer) -> dict:
-    return optimizer.state_dict()
+    """The optimizer's state dict with full tensors (every rank calls it under FSDP2)."""
+    out = {}
+    for part, sd in optimizer.state_dict().items():
+        out[part] = {"state": {i: {k: _full(v) for k, v in st.items()} for i, st in sd["state"].items()},
+                     "param_groups": sd["param_groups"]}
+    return out
+
+
+def shard_optimizer_state(state: dict, optimizer) -> dict:
+    """A full optimizer state dict (a checkpoint's) cut to this rank's shards where the optimizer's
+    parameters are FSDP2 shards and its state is per element (AdamW's moments); MuonH's state stays
+    whole (its momentum is kept as full matrices)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for part, sd in state.items():
+        opt = optimizer.optimizers.get(part)
+        params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
+        new_state = {}
+        for i, st in sd["state"].items():
+            p = params[int(i)] if int(i) < len(params) else None
+            if part == "matrix" or not isinstance(p, DTensor):
+                new_state[i] = st
+                continue
+            rank, world = p.device_mesh.get_local_rank(), p.device_mesh.size()
+            new_state[i] = {k: DTensor.from_local(v.chunk(world, dim=0)[rank].contiguous().to(p.to_local().device),
+                                                  p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                            if isinstance(v, torch.Tensor) and v.shape == p.shape else v for k, v in st.items()}
+        out[part] = {"state": new_state, "param_groups": sd["param_groups"]}
+    return out
 
 
 @torch.no_grad()
 def load_full_state_dict(model: Transformer, weights: dict[str, torch.Tensor]) -> None:
-    """Copy full weights into the model's parameters in place."""
+    """Copy full weights into the model's parameters in place (this rank's rows of FSDP2 shards)."""
+    from trainer.optim import write_full_
+
     for name, t in weights.items():
-        model.get_parameter(name).copy_(t)
+        write_full_(model.get_parameter(name), t)

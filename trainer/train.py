@@ -516,15 +516,23 @@ def build(cfg: RunConfig, start: StartState, dist_: Dist, precision: str, data_v
             block.compile()
         chunk_fn = torch.compile(chunk_loss_and_grads)
     loss_model: torch.nn.Module = LossModel(model, cfg.data.document_mask, chunk_fn)
+    fsdp = cfg.parallel.data == "fsdp" and dist_.world > 1
+    if fsdp:
+        loss_model = parallel.apply_fsdp(loss_model, model, device, precision)
     optimizer = build_optimizer(model, cfg.optim)
+
+    def saved_optimizer_state():
+        state = ckpt.load_optimizer_state(start.directory)
+        return parallel.shard_optimizer_state(state, optimizer) if fsdp else state
+
     if start.kind == "resume":
-        optimizer.load_state_dict(ckpt.load_optimizer_state(start.directory))
+        optimizer.load_state_dict(saved_optimizer_state())
         ckpt.restore_rng(start.state.rng.get(str(dist_.rank), start.state.rng.get("0", {})))
     elif start.kind == "init" and cfg.init_from.load_optimizer:
         if any("hf" in s for s in start.state.sources):
             log.info("%s was imported from Hugging Face: no optimizer state, the optimizer starts fresh", start.directory)
         else:
-            optimizer.load_state_tensors(ckpt.load_optimizer_state(start.directory))
+            optimizer.load_state_tensors(saved_optimizer_state())
     if dist_.world > 1 and cfg.parallel.data == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         loss_model = DDP(loss_model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -544,6 +552,7 @@ class Stepper:
     def __init__(self, built: Built, cfg: RunConfig, dist_: Dist, precision: str):
         self.b, self.cfg, self.dist, self.precision = built, cfg, dist_, precision
         self.ddp = dist_.world > 1 and cfg.parallel.data == "ddp"
+        self.fsdp = dist_.world > 1 and cfg.parallel.data == "fsdp"
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world
@@ -553,6 +562,8 @@ class Stepper:
             mb = mb.to(device)
             last = i == len(micro) - 1
             ctx = loss_model.no_sync() if (self.ddp and not last) else contextlib.nullcontext()
+            if self.fsdp:
+                loss_model.set_requires_gradient_sync(last)     # reduce-scatter once per step
             with ctx:
                 with autocast_context(self.precision, device):
                     s = micro_loss_sum(loss_model, mb)
