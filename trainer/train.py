@@ -514,6 +514,7 @@ def build(cfg: RunConfig, start: StartState, dist_: Dist, precision: str, data_v
     if cfg.compile:
         for block in model.model.layers:          # per-block: one graph, compiled once, reused by every block
             block.compile()
+        model.model.norm.compile()
         chunk_fn = torch.compile(chunk_loss_and_grads)
     loss_model: torch.nn.Module = LossModel(model, cfg.data.document_mask, chunk_fn)
     fsdp = cfg.parallel.data == "fsdp" and dist_.world > 1
