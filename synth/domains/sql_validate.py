@@ -478,6 +478,60 @@ def query_references(query: str, dialect: str, schema: dict[str, dict[str, str]]
     return tables, columns
 
 
+def _owner_select(node: exp.Expression) -> exp.Select | None:
+    """The nearest SELECT around `node`."""
+    p = node.parent
+    while p is not None and not isinstance(p, exp.Select):
+        p = p.parent
+    return p
+
+
+def _in_aggregate(node: exp.Expression, stop: exp.Expression) -> bool:
+    """`node` sits inside an aggregate (not a window function) below `stop`."""
+    p = node.parent
+    while p is not None:
+        if isinstance(p, exp.AggFunc) and not isinstance(p.parent, exp.Window):
+            return True
+        if p is stop:
+            return False
+        p = p.parent
+    return False
+
+
+def ungrouped_columns(query: str, dialect: str, schema: dict[str, dict[str, str]]) -> list[str]:
+    """Selected columns that are neither grouped nor aggregated, in a query that groups or
+    aggregates: what PostgreSQL and MySQL's ONLY_FULL_GROUP_BY reject ("column must appear in the
+    GROUP BY clause or be used in an aggregate function") and SQLite runs. Conservative: a column
+    of a table that has any grouped column is let through (it may depend on that table's key)."""
+    dialect = canonical_dialect(dialect)
+    tree = qualify(sqlglot.parse_one(query, read=dialect), schema=schema, dialect=dialect,
+                   validate_qualify_columns=False, quote_identifiers=False, identify=False)
+    found: list[str] = []
+    for select in tree.find_all(exp.Select):
+        group = select.args.get("group")
+        projections = [e.unalias() for e in select.expressions]
+        aggregated = any(_owner_select(c) is select and not isinstance(c.parent, exp.Window)
+                         for e in projections for c in e.find_all(exp.AggFunc))
+        if group is None and not aggregated:
+            continue
+        keys = list(group.expressions) if group is not None else []
+        grouped = {k.sql() for k in keys}
+        for k in keys:                               # GROUP BY 1: the first projection
+            if isinstance(k, exp.Literal) and k.is_int and 0 < int(k.name) <= len(projections):
+                grouped.add(projections[int(k.name) - 1].sql())
+        grouped_tables = {c.table for k in keys for c in k.find_all(exp.Column)}
+        for e in projections:
+            if e.sql() in grouped:
+                continue
+            for col in e.find_all(exp.Column):
+                if _owner_select(col) is not select or _in_aggregate(col, e) or col.sql() in grouped:
+                    continue
+                if col.table and col.table in grouped_tables:
+                    continue
+                found.append(col.sql())
+    return sorted(set(found))
+
+
 def distractor_leaks(query: str, dialect: str, visible_schema: dict[str, dict[str, str]],
                      distractor_tables: Iterable[str], distractor_columns: Iterable[DistractorColumn]) -> list[str]:
     """Every distractor the gold query references; empty means it provably ignores them all.
@@ -670,7 +724,8 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
     failure (later checks would only repeat it):
 
     syntax (dialect parse + lint) -> schema (the DDL declares tables; the visible DDL parses) ->
-    resolution (every table and column the query names exists in the *clean* schema) ->
+    resolution (every table and column the query names exists in the *clean* schema) -> grouping
+    (PostgreSQL, MySQL: no selected column outside GROUP BY and aggregates, `ungrouped_columns`) ->
     distractors (at least `min_distractors` injected, none referenced) -> execution (rows come back).
 
     Execution runs in a worker process under memory, row and byte limits (`execute_isolated`):
@@ -703,6 +758,12 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
     try:
         query_references(query, dialect, schema_mapping(clean_tables))
         checks.append(Check("resolution", True))
+        if dialect in ("postgres", "mysql"):
+            loose = ungrouped_columns(query, dialect, schema_mapping(clean_tables))
+            checks.append(Check("grouping", not loose, f"{', '.join(loose)} must appear in GROUP BY or be aggregated "
+                                                       f"({dialect} rejects it)" if loose else ""))
+            if loose:
+                return done()
     except (OptimizeError, ParseError, TokenError) as e:
         checks.append(Check("resolution", False, f"the query does not fit the schema: {short_error(e)}"))
         return done()

@@ -40,8 +40,10 @@ def test_full_validation_uses_the_server_when_configured(pg_dsn, monkeypatch):
     assert validate_sql_sample(query=q, **kw).first_failure.name == "execution"       # SQLite: unsupported
     assert validate_sql_sample(query=q, executor=executor, **kw).ok                    # the real server: fine
     sloppy = "SELECT name, total FROM customers c JOIN orders o ON o.customer_id = c.id GROUP BY name"
-    assert validate_sql_sample(query=sloppy, unsupported="accept", **kw).ok            # SQLite lets it through
-    assert not validate_sql_sample(query=sloppy, executor=executor, **kw).ok           # PostgreSQL does not
+    # SQLite would let it through; the grouping check rejects it before execution, and so does PostgreSQL
+    assert validate_sql_sample(query=sloppy, unsupported="accept", **kw).first_failure.name == "grouping"
+    assert not validate_sql_sample(query=sloppy, executor=executor, **kw).ok
+    assert executor(sloppy, DDL, ROWS, "postgres").status == "error"
     monkeypatch.delenv("SYNTH_TEST_PG_DSN")
     with pytest.raises(ValueError, match="not set"):
         executor_from_env("SYNTH_TEST_PG_DSN")

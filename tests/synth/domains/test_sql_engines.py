@@ -53,7 +53,11 @@ def test_full_validation_rejects_what_both_engines_reject(pg_dsn, mysql_dsn, mon
         kw = dict(dialect=dialect, ddl=DDL[dialect], rows_sql=ROWS, visible_ddl=DDL[dialect] + "\nCREATE TABLE orders_archive (order_id INT);",
                   distractor_tables=["orders_archive"], distractor_columns=[DistractorColumn("orders", "previous_total")])
         v = validate_sql_sample(query=SLOPPY, **kw)
-        assert not v.ok and v.first_failure.name == "execution" and v.execution.engine == dialect, v.to_dict()
+        assert not v.ok and v.first_failure.name == "grouping" and "o.total" in v.first_failure.detail, v.to_dict()
+        # without the static check, the server itself rejects it
+        v = validate_sql_sample(query=SLOPPY, executor=lambda q, d, r, dia: execute_isolated(
+            q, d, r, dia, dsn=pg_dsn if dia == "postgres" else mysql_dsn), **kw)
+        assert not v.ok
         good = validate_sql_sample(query="SELECT city, COUNT(*) AS n FROM customers GROUP BY city", **kw)
         assert good.ok and good.execution.engine == dialect and good.execution.n_rows == 2, good.to_dict()
     assert scratch_databases_left(pg=pg_dsn, mysql=mysql_dsn) == []
@@ -89,6 +93,21 @@ def test_one_statement_per_execution(run, dialect):
     assert r.status == "refused" and "one statement" in r.error
     assert run(dialect, "SELECT 1;").ok                      # a trailing semicolon is one statement
     assert run(dialect, "PRAGMA table_info(customers)").status == "refused"
+
+
+@pytest.mark.parametrize("query,loose", [
+    (SLOPPY, ["o.total"]),
+    ("SELECT name, COUNT(*) FROM customers", ["customers.name"]),
+    ("SELECT c.id, c.name, COUNT(*) FROM customers c JOIN orders o ON o.customer_id = c.id GROUP BY c.id", []),
+    ("SELECT city, UPPER(city), COUNT(*) FROM customers GROUP BY 1", []),
+    ("SELECT c.name, (SELECT MAX(total) FROM orders) AS mx FROM customers c", []),
+    ("SELECT customer_id, SUM(total) OVER (PARTITION BY customer_id) FROM orders", []),
+    ("SELECT COUNT(*) + 1, MAX(total) - MIN(total) FROM orders", []),
+])
+def test_grouping_check_matches_what_the_servers_reject(query, loose):
+    from synth.domains.sql_validate import schema_mapping, schema_tables, ungrouped_columns
+    schema = schema_mapping(schema_tables(DDL["postgres"], "postgres"))
+    assert ungrouped_columns(query, "postgres", schema) == loose
 
 
 def test_pragma_and_attach_are_refused_even_inside_a_query():
