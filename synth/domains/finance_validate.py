@@ -267,6 +267,8 @@ def eval_arithmetic(expr: str) -> tuple[float, list[float]]:
                 return float(_BINOPS[type(node.op)](left, right))
             except ZeroDivisionError:
                 raise ValueError("division by zero") from None
+            except OverflowError:
+                raise ValueError("the calculation is not finite") from None
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = ev(node.operand)
             return -v if isinstance(node.op, ast.USub) else v

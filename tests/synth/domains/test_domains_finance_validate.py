@@ -197,3 +197,8 @@ def test_arithmetic_reads_the_final_answer_of_a_sentence():
     assert check_arithmetic(calc + "Answer: Net sales went from $394,328 million to $383,285 million, -2.80%.", CONTEXT).verified
     wrong = check_arithmetic(calc + "Answer: In 2023, net sales fell by 3.5%.", CONTEXT)
     assert wrong.status == "mismatch" and wrong.stated == pytest.approx(3.5)
+
+
+def test_an_overflowing_calculation_is_invalid_not_a_crash():
+    r = check_arithmetic("Calculation: (10**100)**99\nAnswer: 1", CONTEXT)
+    assert r.status == "invalid" and "not finite" in r.detail
