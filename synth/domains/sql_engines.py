@@ -10,7 +10,8 @@ non-aggregated column outside GROUP BY as MySQL does); SQLite samples stay in SQ
   PRAGMA, ATTACH, LOAD_EXTENSION and the like are refused);
 - runs in a database of its own, created for it and dropped afterwards (`synth_<random>`), so the
   server is left as it was and concurrent executions never meet;
-- runs under a statement timeout, and fetches at most `max_rows` rows and `max_bytes` bytes
+- loads the schema and rows under a statement timeout of `LOAD_TIMEOUT_S`, runs the query under
+  its own, and fetches at most `max_rows` rows and `max_bytes` bytes
   (streamed with a server-side cursor): past either, the verdict is `limit_exceeded`.
 
 Results compare as SQL compares result sets: as multisets of rows (order-insensitive) unless the
@@ -48,6 +49,7 @@ from sqlglot.tokens import TokenType
 
 MAX_ROWS = 10_000
 MAX_BYTES = 16 * 1024 * 1024
+LOAD_TIMEOUT_S = 30.0          # per statement of the schema and sample rows
 DSN_ENV = {"postgres": "SYNTH_PG_DSN", "mysql": "SYNTH_MYSQL_DSN"}
 # MySQL 8.0's default sql_mode: what a MySQL sample must satisfy, on MariaDB too.
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
@@ -257,6 +259,7 @@ def _run_postgres(query: str, ddl: str, rows_sql: str, dsn: str, min_rows: int, 
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         try:
             with conn.cursor() as cur:
+                cur.execute(f"SET statement_timeout = {int(max(timeout_s, LOAD_TIMEOUT_S) * 1000)}".encode())
                 for st in split_sql(ddl, "postgres") + split_sql(rows_sql, "postgres"):
                     cur.execute(st.encode())
             conn.commit()
@@ -329,21 +332,26 @@ def execute_on_mysql(query: str, ddl: str, rows_sql: str, dsn: str, *, min_rows:
         admin.close()
 
 
+def _mysql_statement_timeout(cur: Any, seconds: float) -> None:
+    try:
+        cur.execute(f"SET SESSION max_statement_time = {seconds:.3f}")          # MariaDB
+    except pymysql.MySQLError:
+        cur.execute(f"SET SESSION max_execution_time = {int(seconds * 1000)}")  # MySQL (SELECT only)
+
+
 def _run_mysql(query: str, ddl: str, rows_sql: str, params: dict[str, Any], min_rows: int, timeout_s: float,
                budget: RowBudget, preview_rows: int) -> ExecutionResult:
     conn = pymysql.connect(autocommit=True, **params)
     try:
         with conn.cursor() as cur:
             cur.execute(f"SET SESSION sql_mode = '{MYSQL8_SQL_MODE}'")
-            try:
-                cur.execute(f"SET SESSION max_statement_time = {timeout_s:.3f}")          # MariaDB
-            except pymysql.MySQLError:
-                cur.execute(f"SET SESSION max_execution_time = {int(timeout_s * 1000)}")  # MySQL
+            _mysql_statement_timeout(cur, max(timeout_s, LOAD_TIMEOUT_S))
             try:
                 for st in split_sql(ddl, "mysql") + split_sql(rows_sql, "mysql"):
                     cur.execute(st)
             except pymysql.MySQLError as e:
                 return ExecutionResult("error", "mysql", error=f"schema or rows do not load: {_mysql_error(e)[1]}")
+            _mysql_statement_timeout(cur, timeout_s)
         try:
             with conn.cursor(pymysql.cursors.SSCursor) as cur:
                 cur.execute(query)
