@@ -47,7 +47,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.tokens import TokenType
 
 from synth.domains.sql_engines import (MAX_BYTES, MAX_ROWS, SERVER_EXECUTORS, ExecutionResult, LimitExceeded, RowBudget,
-                                       StatementRefused, dsn_from_env, fetch_limited, finish, single_statement,
+                                       StatementRefused, fetch_limited, finish, single_statement,
                                        split_sql)
 
 # sqlglot warns on statements it keeps as opaque commands (CREATE EXTENSION ...); those are
@@ -729,8 +729,9 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
     distractors (at least `min_distractors` injected, none referenced) -> execution (rows come back).
 
     Execution runs in a worker process under memory, row and byte limits (`execute_isolated`):
-    on the dialect's real server when one is configured (`dsn`, else SYNTH_PG_DSN / SYNTH_MYSQL_DSN,
-    see `sql_engines`), else in SQLite. `executor(query, ddl, rows_sql, dialect) -> ExecutionResult`
+    on the dialect's real server when `dsn` names one (`postgresql://...` or `mysql://...`; the
+    caller reads it, e.g. `sql_engines.dsn_from_env(dialect)`: this function reads no
+    environment), else in SQLite. `executor(query, ddl, rows_sql, dialect) -> ExecutionResult`
     replaces that choice. For a non-SQLite dialect run in SQLite, a failure of a query that
     resolved cleanly is `unsupported` (SQLite cannot judge it), and `unsupported` decides:
     "reject" (default: nothing unverified is kept) or "accept".
@@ -778,7 +779,7 @@ def validate_sql_sample(*, dialect: str, ddl: str, rows_sql: str, query: str, vi
     if executor is not None:
         result = executor(query, ddl, rows_sql, dialect)
     else:
-        result = execute_isolated(query, ddl, rows_sql, dialect, dsn=dsn or dsn_from_env(dialect), min_rows=min_rows,
+        result = execute_isolated(query, ddl, rows_sql, dialect, dsn=dsn, min_rows=min_rows,
                                   timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes, memory_mb=memory_mb)
     if result.status == "unsupported":
         ok = unsupported == "accept"

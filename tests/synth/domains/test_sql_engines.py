@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from synth.domains.sql_engines import (ExecutionResult, execute_on_mysql, execute_on_postgres, results_match,
-                                       single_statement, StatementRefused)
+from synth.domains.sql_engines import (ExecutionResult, StatementRefused, dsn_from_env, execute_on_mysql,
+                                       execute_on_postgres, results_match, single_statement)
 from synth.domains.sql_validate import DistractorColumn, execute_in_sqlite, execute_isolated, validate_sql_sample
 from tests.synth.domains.sql_servers import scratch_databases_left
 
@@ -50,17 +50,20 @@ def test_full_validation_rejects_what_both_engines_reject(pg_dsn, mysql_dsn, mon
     monkeypatch.setenv("SYNTH_MYSQL_DSN", mysql_dsn)
     monkeypatch.setenv("SYNTH_PG_DSN", pg_dsn)
     for dialect in ("postgres", "mysql"):
-        kw = dict(dialect=dialect, ddl=DDL[dialect], rows_sql=ROWS, visible_ddl=DDL[dialect] + "\nCREATE TABLE orders_archive (order_id INT);",
+        kw = dict(dialect=dialect, dsn=dsn_from_env(dialect), ddl=DDL[dialect], rows_sql=ROWS, visible_ddl=DDL[dialect] + "\nCREATE TABLE orders_archive (order_id INT);",
                   distractor_tables=["orders_archive"], distractor_columns=[DistractorColumn("orders", "previous_total")])
         v = validate_sql_sample(query=SLOPPY, **kw)
         assert not v.ok and v.first_failure.name == "grouping" and "o.total" in v.first_failure.detail, v.to_dict()
         # without the static check, the server itself rejects it
-        v = validate_sql_sample(query=SLOPPY, executor=lambda q, d, r, dia: execute_isolated(
-            q, d, r, dia, dsn=pg_dsn if dia == "postgres" else mysql_dsn), **kw)
+        v = validate_sql_sample(query=SLOPPY, executor=lambda q, d, r, dia: execute_isolated(q, d, r, dia, dsn=kw["dsn"]),
+                                **kw)
         assert not v.ok
         good = validate_sql_sample(query="SELECT city, COUNT(*) AS n FROM customers GROUP BY city", **kw)
         assert good.ok and good.execution.engine == dialect and good.execution.n_rows == 2, good.to_dict()
     assert scratch_databases_left(pg=pg_dsn, mysql=mysql_dsn) == []
+    # the validator reads no environment: without a DSN it runs in SQLite, whatever is set
+    v = validate_sql_sample(query="SELECT city, COUNT(*) AS n FROM customers GROUP BY city", **{**kw, "dsn": None})
+    assert v.ok and v.execution.engine == "sqlite"
 
 
 @pytest.mark.parametrize("dialect", ["postgres", "mysql", "sqlite"])
