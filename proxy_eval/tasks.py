@@ -64,6 +64,9 @@ class TaskConfig(StrictModel):
     num_fewshot: int = 0
     fewshot_source: DataSource | None = None   # default: drawn from the task's own documents (then excluded)
     fewshot_seed: int = 1234
+    # `seeded`: a seeded sample; `first_n`: the first examples in file order (lm-eval's `first_n`
+    # sampler, what its MMLU, CMMLU and C-Eval tasks use on their dev split)
+    fewshot_sampler: Literal["seeded", "first_n"] = "seeded"
     limit: int | None = None           # evaluate the first N documents (after few-shot removal)
     # multiple choice
     # default: the preset's (both for the cloze-able harness tasks; cloze alone where the harness
@@ -215,7 +218,6 @@ class Preset(BaseModel):
     match_ignore: list[str] = Field(default_factory=list)
     match_ignore_case: bool = False
     match_ignore_punctuation: bool = False
-    fewshot_target: Literal["solution", "answer"] = "solution"
 
 
 def _get(rec: dict[str, Any], fields: dict[str, str], key: str, default: Any = ...) -> Any:
@@ -503,11 +505,14 @@ def load_task(task: TaskConfig) -> LoadedTask:
     fewshot: list[dict[str, Any]] = []
     if task.num_fewshot > 0:
         rng = random.Random(task.fewshot_seed)
+        first_n = task.fewshot_sampler == "first_n"
         if task.fewshot_source is not None:
             pool = to_documents(task, read_records(task.fewshot_source), task.fewshot_source.path)
-            fewshot = rng.sample(pool, min(task.num_fewshot, len(pool)))
+            k = min(task.num_fewshot, len(pool))
+            fewshot = pool[:k] if first_n else rng.sample(pool, k)
         else:
-            picked = sorted(rng.sample(range(len(docs)), min(task.num_fewshot, max(0, len(docs) - 1))))
+            k = min(task.num_fewshot, max(0, len(docs) - 1))
+            picked = list(range(k)) if first_n else sorted(rng.sample(range(len(docs)), k))
             fewshot = [docs[i] for i in picked]
             chosen = set(picked)
             docs = [d for i, d in enumerate(docs) if i not in chosen]
@@ -557,8 +562,7 @@ def mc_requests(task: LoadedTask, doc: dict[str, Any], form: str) -> list[tuple[
 
 
 def generate_prompt(task: LoadedTask, doc: dict[str, Any]) -> str:
-    field = task.preset.fewshot_target
-    shots = "".join(render(task.template, s) + task.preset.target_delimiter + s.get(field, s["answer"]).strip()
+    shots = "".join(render(task.template, s) + task.preset.target_delimiter + s.get("solution", s["answer"]).strip()
                     + FEWSHOT_DELIMITER for s in task.fewshot)
     return task.description(doc) + shots + render(task.template, doc)
 

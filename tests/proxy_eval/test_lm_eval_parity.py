@@ -5,8 +5,9 @@ One tiny model (a trainer checkpoint exported to Hugging Face format) is scored 
 dataset pointed at local files in the public layouts) and by proxy_eval (the same directory through
 `open_scorer`, the matching preset). Per item: log-likelihoods within 1e-3 nats and equal acc /
 acc_norm (multiple choice), equal generations and exact match (generative), equal rolling NLL
-(bits per byte). Zero-shot throughout: proxy_eval's few-shot examples are a seeded sample, the
-harness's a per-task sampler.
+(bits per byte). Zero-shot by default: proxy_eval's few-shot examples are a seeded sample, the
+harness's a per-task sampler; MMLU is also compared 2-shot with both taking the first dev examples
+(`fewshot_sampler: first_n`, the harness's sampler for MMLU/CMMLU/C-Eval).
 
 What differs on purpose and is not compared: the OLMES best-of-forms score (proxy_eval's primary
 multiple-choice metric; the harness reports acc and acc_norm of its one prompt), GSM8K/MATH answer
@@ -145,11 +146,24 @@ CASES = {
     "humaneval": ("humaneval/humaneval.yaml", "code", {}),
     "mbpp": ("mbpp/mbpp.yaml", "code", {}),
     "text": (None, "bits_per_byte", {}),
+    # few-shot from the dev split, first examples in order (the harness's `first_n` sampler)
+    "mmlu_2shot": ("mmlu/default/mmlu_anatomy.yaml", "multiple_choice", {}),
+    "mmlu_continuation_2shot": ("mmlu/continuation/mmlu_anatomy.yaml", "multiple_choice", {}),
 }
-FIXTURE_OF = {"arc_challenge": "arc", "mmlu_continuation": "mmlu"}
+FIXTURE_OF = {"arc_challenge": "arc", "mmlu_continuation": "mmlu", "mmlu_2shot": "mmlu",
+              "mmlu_continuation_2shot": "mmlu"}
+PRESET_OF = {"arc_challenge": "arc", "mmlu_2shot": "mmlu", "mmlu_continuation_2shot": "mmlu_continuation"}
+FEWSHOT = {"mmlu_2shot": 2, "mmlu_continuation_2shot": 2}
+MMLU_DEV = [
+    {"question": "Which organ pumps blood?", "subject": "anatomy", "choices": ["heart", "lung", "skin", "eye"],
+     "answer": 0},
+    {"question": "How many legs has a cat?", "subject": "anatomy", "choices": ["2", "3", "4", "5"], "answer": 2},
+    {"question": "Which is not a bone?", "subject": "anatomy", "choices": ["tibia", "ulna", "liver", "femur"],
+     "answer": 2},
+]
 
 
-def harness_config(name: str, data: Path) -> dict:
+def harness_config(name: str, data: Path, dev: Path) -> dict:
     yaml_path, fmt, _ = CASES[name]
     if yaml_path is None:      # bits per byte: a rolling log-likelihood task over the text
         cfg = {"task": "text_bpb", "output_type": "loglikelihood_rolling", "doc_to_text": "",
@@ -159,7 +173,12 @@ def harness_config(name: str, data: Path) -> dict:
         cfg = load_yaml(TASKS / yaml_path, resolve_func=(fmt != "code"))
     cfg.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": {"test": str(data)}},
                test_split="test", validation_split=None, training_split=None, fewshot_split=None, num_fewshot=0)
-    cfg.pop("fewshot_config", None)
+    if name in FEWSHOT:
+        cfg.update(dataset_kwargs={"data_files": {"test": str(data), "dev": str(dev)}}, fewshot_split="dev",
+                   num_fewshot=FEWSHOT[name])
+        assert cfg["fewshot_config"]["sampler"] == "first_n"
+    else:
+        cfg.pop("fewshot_config", None)
     if fmt in ("generate", "code"):
         cfg["generation_kwargs"] = {**cfg.get("generation_kwargs", {}), "max_gen_toks": GEN_TOKENS,
                                     "do_sample": False}
@@ -195,7 +214,10 @@ def both(exported_model, tmp_path_factory):
     for name, recs in FIXTURES.items():
         files[name] = data_dir / f"{name}.jsonl"
         files[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
-    tasks = {name: ConfigurableTask(config=harness_config(name, files[FIXTURE_OF.get(name, name)])) for name in CASES}
+    dev = data_dir / "mmlu_dev.jsonl"
+    dev.write_text("".join(json.dumps(r) + "\n" for r in MMLU_DEV), encoding="utf-8")
+    tasks = {name: ConfigurableTask(config=harness_config(name, files[FIXTURE_OF.get(name, name)], dev))
+             for name in CASES}
     lm = HFLM(pretrained=str(exported_model), device="cpu", batch_size=1, dtype="float32")
     t0 = time.perf_counter()
     out = lm_evaluate(lm=lm, task_dict=tasks, log_samples=True)
@@ -209,9 +231,12 @@ def both(exported_model, tmp_path_factory):
     scorer = open_scorer(exported_model)
     ours = {}
     for name, (_, fmt, extra) in CASES.items():
-        preset = "arc" if name == "arc_challenge" else name
-        cfg = TaskConfig(name=name, format=fmt, preset=preset, source=DataSource(path=str(files[FIXTURE_OF.get(name, name)])),
-                         max_new_tokens=GEN_TOKENS, **extra)
+        if name in FEWSHOT:
+            extra = {**extra, "num_fewshot": FEWSHOT[name], "fewshot_source": DataSource(path=str(dev)),
+                     "fewshot_sampler": "first_n"}
+        cfg = TaskConfig(name=name, format=fmt, preset=PRESET_OF.get(name, name),
+                         source=DataSource(path=str(files[FIXTURE_OF.get(name, name)])), max_new_tokens=GEN_TOKENS,
+                         **extra)
         ours[name] = evaluate_task(scorer, load_task(cfg), batch_size=4)
     return harness, ours
 
@@ -222,6 +247,9 @@ def test_multiple_choice_loglikelihoods_and_accuracies_equal_lm_eval(both, name)
     h, o = harness[name], ours[name].samples
     assert len(h) == len(o) == len(FIXTURES[FIXTURE_OF.get(name, name)])
     for hs, os_ in zip(h, o):
+        if name in FEWSHOT:        # the shots are in the harness's context (and ours scores the same)
+            assert all(d["question"] in hs["arguments"][0][0] for d in MMLU_DEV[:FEWSHOT[name]])
+            assert MMLU_DEV[FEWSHOT[name]]["question"] not in hs["arguments"][0][0]
         h_lls = [r[0][0] for r in hs["resps"]]
         assert os_["cloze"]["loglikelihoods"] == pytest.approx(h_lls, abs=1e-3), (name, hs["doc_id"])
         assert os_["cloze"]["acc"] == hs["acc"], (name, hs["doc_id"])
