@@ -13,7 +13,10 @@ measured by `../shared/bench/peer_torchtitan/peer_bench.py` in the same call on 
 The model is the `1.7b` preset with the vocabulary padded to Qwen's 151,936 (`model.overrides.vocab_size`;
 the shard set's own vocabulary is smaller), sequence 4096, 64 sequences = 262,144 tokens per step,
 micro-batch 4; `compile: true`; no checkpoints, no evaluation. Tokens/s is the median over the steps
-after `--skip` (the first step compiles). Output: `gpu_loop.json` in --out (and in
+after `--skip` (the first step compiles). The quality check (FP8 against BF16 held-out loss, same
+tokens) is the same command with a held-out set and the `150m` preset, e.g.
+`--steps 27 --set ours-bf16:model.preset=150m --set ours-bf16:data.eval=.gpu_data/heldout
+--set ours-bf16:eval.at_end=true` (and the same for ours-fp8-blockwise): `eval_loss` per variant. Output: `gpu_loop.json` in --out (and in
 benchmarks/results/ when copied there): {"variants": {name: {tokens_per_s, step_ms, mfu, peak_mem_gib,
 ...}}, "ratios", "device", "date", "commit"}.
 """
@@ -32,6 +35,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 OURS = {
     "ours-bf16": {"precision": "bf16"},
     "ours-fp8-blockwise": {"precision": "fp8-blockwise"},
@@ -49,7 +53,6 @@ def log(msg: str) -> None:
 
 def prepare(out: Path, tokens: int) -> dict:
     """Shard set (mixtures writer) of the first `tokens` train tokens of benchmarks/gpu_corpus.py."""
-    sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "benchmarks"))
     import numpy as np
     from gpu_corpus import build, load
@@ -58,18 +61,19 @@ def prepare(out: Path, tokens: int) -> dict:
     corpus = out / "corpus.npz"
     if not corpus.is_file():
         build(corpus)
-    train, _, meta = load(corpus)
-    train = train[:tokens].astype(np.int64)
+    train, held, meta = load(corpus)
     eos = meta["eos_id"]
-    cuts = np.flatnonzero(train == eos)
-    docs, start = [], 0
-    for c in cuts:
-        if c > start:
-            docs.append(train[start:c])
-        start = c + 1
+
+    def documents(tokens):
+        cuts = np.flatnonzero(tokens == eos)
+        return [tokens[a + 1:b] for a, b in zip(np.r_[-1, cuts], cuts) if b > a + 1]
+
+    docs = documents(train[:tokens].astype(np.int64))
     write_token_lists(out / "shards", docs, seq_len=4096, vocab_size=meta["vocab_size"], eos_id=eos)
-    info = {"corpus": meta["source"], "tokens": int(train.size), "documents": len(docs),
-            "vocab_size": meta["vocab_size"]}
+    write_token_lists(out / "heldout", documents(held.astype(np.int64)), seq_len=4096,
+                      vocab_size=meta["vocab_size"], eos_id=eos)
+    info = {"corpus": meta["source"], "tokens": int(min(tokens, train.size)), "documents": len(docs),
+            "heldout_tokens": int(held.size), "vocab_size": meta["vocab_size"]}
     (out / "shards.json").write_text(json.dumps(info, indent=1))
     return info
 
@@ -102,6 +106,7 @@ def run_config(name: str, data: str, run_dir: Path, steps: int, micro_batch: int
 def summarize(metrics: Path, skip: int) -> dict:
     recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     train = [r for r in recs if r.get("kind") == "train"]
+    evals = [r for r in recs if r.get("kind") == "eval" and r.get("model") != "average"]
     timed = train[skip:]
     if not timed:
         raise RuntimeError(f"{metrics}: {len(train)} train records, none after the first {skip}")
@@ -118,6 +123,7 @@ def summarize(metrics: Path, skip: int) -> dict:
         "peak_mem_gib": max((r["peak_mem_gib"] for r in train if "peak_mem_gib" in r), default=None),
         "loss": [round(r["loss"], 4) for r in train],
         "tokens_per_step": int(round(tokens)),
+        "eval_loss": evals[-1]["eval_loss"] if evals else None,
     }
 
 
@@ -218,16 +224,20 @@ def attention_probe() -> dict:
 
 
 def ratios(v: dict) -> dict:
+    """Every variant of ours over its peer (BF16 over torchtitan's, FP8 over torchao's blockwise) and
+    each FP8 variant over our BF16 at the same micro-batch."""
     def tps(name):
         r = v.get(name) or {}
         return r.get("tokens_per_s") if r.get("ok") else None
 
-    out = {}
-    for a, b in (("ours-bf16", "titan-bf16"), ("ours-fp8-blockwise", "torchao-blockwise-in-titan"),
-                 ("ours-fp8-blockwise", "ours-bf16"), ("torchao-blockwise-in-titan", "titan-bf16")):
-        if tps(a) and tps(b):
-            out[f"{a} / {b}"] = tps(a) / tps(b)
-    return out
+    pairs = [("torchao-blockwise-in-titan", "titan-bf16")]
+    for name in v:
+        if name.startswith("ours-"):
+            fp8 = "fp8" in name
+            pairs.append((name, "torchao-blockwise-in-titan" if fp8 else "titan-bf16"))
+            if fp8:
+                pairs.append((name, name.replace("fp8-blockwise", "bf16").replace("fp8", "bf16")))
+    return {f"{a} / {b}": tps(a) / tps(b) for a, b in pairs if tps(a) and tps(b)}
 
 
 def git_commit() -> str | None:
@@ -267,6 +277,7 @@ def main() -> None:
     p.add_argument("--peer-timeout", type=int, default=330)
     p.add_argument("--peer-first", action="store_true")
     p.add_argument("--attention-probe", action="store_true", help="time causal SDPA fwd+bwd first (seconds)")
+    p.add_argument("--commit", default=None, help="the commit the working tree was sent at (default: git HEAD)")
     args = ap.parse_args()
     if args.command == "prepare":
         print(json.dumps(prepare(Path(args.out), args.tokens), indent=1))
@@ -279,7 +290,7 @@ def main() -> None:
         k, v = kv.split("=", 1)
         extra.setdefault(name, {})[k] = yaml.safe_load(v)
     result = {"device": device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "commit": git_commit(), "argv": sys.argv, "variants": {}}
+              "commit": args.commit or git_commit(), "argv": sys.argv, "variants": {}}
 
     def write():
         result["ratios"] = ratios(result["variants"])
