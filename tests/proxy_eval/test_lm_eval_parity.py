@@ -21,6 +21,7 @@ import json
 import time
 from pathlib import Path
 
+import datasets
 import lm_eval
 import pytest
 import torch
@@ -148,11 +149,14 @@ CASES = {
     "text": (None, "bits_per_byte", {}),
     # few-shot from the dev split, first examples in order (the harness's `first_n` sampler)
     "mmlu_2shot": ("mmlu/default/mmlu_anatomy.yaml", "multiple_choice", {}),
+    # proxy_eval reading a `datasets.save_to_disk` directory (the harness reads the same records as json)
+    "boolq_disk": ("super_glue/boolq/default.yaml", "multiple_choice", {}),
     "mmlu_continuation_2shot": ("mmlu/continuation/mmlu_anatomy.yaml", "multiple_choice", {}),
 }
 FIXTURE_OF = {"arc_challenge": "arc", "mmlu_continuation": "mmlu", "mmlu_2shot": "mmlu",
-              "mmlu_continuation_2shot": "mmlu"}
-PRESET_OF = {"arc_challenge": "arc", "mmlu_2shot": "mmlu", "mmlu_continuation_2shot": "mmlu_continuation"}
+              "mmlu_continuation_2shot": "mmlu", "boolq_disk": "boolq"}
+PRESET_OF = {"arc_challenge": "arc", "mmlu_2shot": "mmlu", "mmlu_continuation_2shot": "mmlu_continuation",
+             "boolq_disk": "boolq"}
 FEWSHOT = {"mmlu_2shot": 2, "mmlu_continuation_2shot": 2}
 MMLU_DEV = [
     {"question": "Which organ pumps blood?", "subject": "anatomy", "choices": ["heart", "lung", "skin", "eye"],
@@ -228,15 +232,18 @@ def both(exported_model, tmp_path_factory):
         for s in out["samples"][name]:
             first.setdefault(s["doc_id"], s)
         harness[name] = [first[i] for i in sorted(first)]
+    datasets.DatasetDict({"validation": datasets.Dataset.from_list(FIXTURES["boolq"])}).save_to_disk(
+        str(data_dir / "boolq_disk"))
     scorer = open_scorer(exported_model)
     ours = {}
     for name, (_, fmt, extra) in CASES.items():
         if name in FEWSHOT:
             extra = {**extra, "num_fewshot": FEWSHOT[name], "fewshot_source": DataSource(path=str(dev)),
                      "fewshot_sampler": "first_n"}
-        cfg = TaskConfig(name=name, format=fmt, preset=PRESET_OF.get(name, name),
-                         source=DataSource(path=str(files[FIXTURE_OF.get(name, name)])), max_new_tokens=GEN_TOKENS,
-                         **extra)
+        source = (DataSource(path=str(data_dir / "boolq_disk"), split="validation") if name == "boolq_disk"
+                  else DataSource(path=str(files[FIXTURE_OF.get(name, name)])))
+        cfg = TaskConfig(name=name, format=fmt, preset=PRESET_OF.get(name, name), source=source,
+                         max_new_tokens=GEN_TOKENS, **extra)
         ours[name] = evaluate_task(scorer, load_task(cfg), batch_size=4)
     return harness, ours
 
