@@ -104,7 +104,7 @@ def test_spark_submit_command_line(tmp_path, components, tokenizer_json):
                            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
                            str(REPO / "kaiyuan/jobs/materialize.py"), "--spec", str(tmp_path / "mix.yaml"),
                            "--out", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ckpt")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)   # a loaded shared machine
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "p-curriculum:" in proc.stdout
     assert any((tmp_path / "ckpt").rglob("rdd-*")), "the plan's checkpoints are reliable ones in --checkpoint-dir"
