@@ -7,6 +7,9 @@ side by side in the same run:
   raw-aiohttp   aiohttp with a semaphore and nothing else (the floor of our HTTP layer)
   client        ChatClient.complete (endpoint choice, AIMD, breaker bookkeeping, parsing)
   client+cache  CachedBackend over it (SQLite cache writes, content hashing), as the engine uses it
+  +verify       the same, and every answer verified in the check pool (`synth.checkpool`: the math
+                grader in a worker process under a time limit, as the engine's verify step runs it:
+                the 8 samples of a prompt in one call; the workers' CPU counts on the client's side)
   httpx         httpx.AsyncClient with a semaphore (why aiohttp was chosen)
 
 Wall-clock rates depend on what else runs on the machine (other engineers' jobs share these 2
@@ -37,7 +40,10 @@ sys.path.insert(0, str(REPO))
 
 from synth.backends import CachedBackend, HttpBackend  # noqa: E402
 from synth.cache import ResponseCache  # noqa: E402
+from synth.checkpool import check_pool  # noqa: E402
 from synth.client import ChatClient, ChatRequest, TeacherConfig  # noqa: E402
+from synth.steps import verify_each  # noqa: E402
+from synth.verify import verify_math  # noqa: E402
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -45,10 +51,15 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def workers_cpu_s() -> float:
+    pool = check_pool()
+    return sum(proc_cpu_s(w.proc.pid) for w in pool._idle)
+
+
 def measured(fn, pid: int, n: int) -> dict[str, float]:
-    c0, s0, t0 = time.process_time(), proc_cpu_s(pid), time.perf_counter()
+    c0, s0 = time.process_time() + workers_cpu_s(), proc_cpu_s(pid)
     rps = fn()
-    c1, s1 = time.process_time(), proc_cpu_s(pid)
+    c1, s1 = time.process_time() + workers_cpu_s(), proc_cpu_s(pid)
     # the warm-up requests are inside the CPU window: count them (n includes them)
     client_us, server_us = (c1 - c0) / n * 1e6, (s1 - s0) / n * 1e6
     return {"wall_rps": round(rps, 1), "client_cpu_us_per_req": round(client_us, 1),
@@ -71,7 +82,7 @@ def reqs(n: int, salt: str) -> list[ChatRequest]:
                         seed=i) for i in range(n)]
 
 
-async def bench_client(url: str, n: int, conc: int, cached: bool) -> float:
+async def bench_client(url: str, n: int, conc: int, cached: bool, verify: bool = False) -> float:
     cfg = TeacherConfig(model="fake-teacher", endpoints=[url], initial_concurrency=conc, max_concurrency=conc)
     if cached:
         tmp = tempfile.mkdtemp()
@@ -81,17 +92,30 @@ async def bench_client(url: str, n: int, conc: int, cached: bool) -> float:
     else:
         client = ChatClient(cfg)
         call = client.complete
-    rs = reqs(n, f"c{cached}{time.time()}")
-    await asyncio.gather(*(call(r) for r in rs[:500]))                  # warm connections
+    rs = reqs(n, f"c{cached}{verify}{time.time()}")
+    if verify:
+        pool, answer = check_pool(), call
+
+        async def prompt(group: list[ChatRequest]) -> None:   # the verify step: a prompt's samples graded off the loop
+            res = await asyncio.gather(*(answer(r) for r in group))
+            await pool.run(verify_each, verify_math, [r.content for r in res], "4", {}, timeout_s=20)
+
+        async def run_all(part: list[ChatRequest]) -> None:
+            await asyncio.gather(*(prompt(part[i:i + 8]) for i in range(0, len(part), 8)))
+    else:
+        async def run_all(part: list[ChatRequest]) -> None:
+            await asyncio.gather(*(call(r) for r in part))
+
+    await run_all(rs[:504])                                   # warm connections (and check workers)
     t0 = time.perf_counter()
-    await asyncio.gather(*(call(r) for r in rs[500:]))
+    await run_all(rs[504:])
     dt = time.perf_counter() - t0
     if cached:
         backend.cache.close()
         await backend.close()
     else:
         await client.close()
-    return (n - 500) / dt
+    return (n - 504) / dt
 
 
 async def bench_raw_aiohttp(url: str, n: int, conc: int) -> float:
@@ -137,6 +161,7 @@ def main() -> int:
             "raw_aiohttp": measured(lambda: asyncio.run(bench_raw_aiohttp(url, n, c)), pid, n),
             "client": measured(lambda: asyncio.run(bench_client(url, n, c, cached=False)), pid, n),
             "client_cache": measured(lambda: asyncio.run(bench_client(url, n, c, cached=True)), pid, n),
+            "client_cache_verify": measured(lambda: asyncio.run(bench_client(url, n, c, cached=True, verify=True)), pid, n),
             "httpx": measured(lambda: asyncio.run(bench_httpx(url, args.httpx_requests, c)), pid, args.httpx_requests),
         }
     finally:

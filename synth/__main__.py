@@ -18,12 +18,22 @@ import signal
 import sys
 from pathlib import Path
 
+from common import atomic
+from common.errors import ContractError
+from common.records import read_records, write_records
+from synth import servers
+from synth.client import CircuitOpenError, EndpointNotReady, RequestRejected
+from synth.decontam import build_eval_index, clean_records, removal_summary
+from synth.engine import apply_teacher_overrides, load_generator, run
+from synth.export import export_run
+from synth.pipeline import POST_STEPS, SOURCES, STEPS
+from synth.servers import ServerError
+from synth.verify import VERIFIERS
+
 COMMANDS = ("list", "export", "clean", "serve")
 
 
 def _run_generator(argv: list[str]) -> int:
-    from synth.engine import apply_teacher_overrides, load_generator, run
-
     ap = argparse.ArgumentParser(prog="python -m synth <generator>", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("generator", help="built-in name or path to a generator YAML")
@@ -56,10 +66,6 @@ def _run_generator(argv: list[str]) -> int:
 
 
 def _list(argv: list[str]) -> int:
-    import synth.sources  # noqa: F401
-    import synth.steps  # noqa: F401
-    from synth.pipeline import POST_STEPS, SOURCES, STEPS
-    from synth.verify import VERIFIERS
     here = Path(__file__).resolve().parent
     gens = sorted(str(p.relative_to(here)) for d in ("generators", "domains") for p in (here / d).glob("*.yaml"))
     print("generators:", ", ".join(gens))
@@ -71,7 +77,6 @@ def _list(argv: list[str]) -> int:
 
 
 def _export(argv: list[str]) -> int:
-    from synth.export import export_run
     ap = argparse.ArgumentParser(prog="python -m synth export")
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path)
@@ -83,9 +88,6 @@ def _export(argv: list[str]) -> int:
 
 
 def _clean(argv: list[str]) -> int:
-    from common import atomic
-    from synth.decontam import build_eval_index, clean_records, removal_summary
-    from common.records import read_records, write_records
     ap = argparse.ArgumentParser(prog="python -m synth clean")
     ap.add_argument("records", type=Path)
     ap.add_argument("--out", type=Path, required=True)
@@ -106,7 +108,6 @@ def _clean(argv: list[str]) -> int:
 
 
 def _serve(argv: list[str]) -> int:
-    from synth import servers
     ap = argparse.ArgumentParser(prog="python -m synth serve")
     ap.add_argument("kind", choices=["vllm", "llamacpp"])
     ap.add_argument("--model", help="HF directory (vllm) or GGUF file (llamacpp); default: the SmolLM2 teacher")
@@ -144,9 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd = argv[0]
-    from common.errors import ContractError
-    from synth.client import CircuitOpenError, EndpointNotReady, RequestRejected
-    from synth.servers import ServerError
     try:
         if cmd in COMMANDS:
             return {"list": _list, "export": _export, "clean": _clean, "serve": _serve}[cmd](argv[1:])

@@ -113,10 +113,11 @@ class CheckPool:
         free = self._bind()
         async with free:
             w = self._take() if self._idle else await asyncio.to_thread(self._take)
-            if fn.__module__ not in w.modules:
-                # a worker's first call into a module imports it; that is not the check's time
-                await self._call(w, _load, (fn.__module__,), IMPORT_TIMEOUT_S)
-                w.modules.add(fn.__module__)
+            for mod in {fn.__module__} | {a.__module__ for a in args if callable(a) and hasattr(a, "__module__")}:
+                if mod not in w.modules:
+                    # a worker's first call into a module imports it; that is not the check's time
+                    await self._call(w, _load, (mod,), IMPORT_TIMEOUT_S)
+                    w.modules.add(mod)
             kind, value = await self._call(w, fn, args, timeout_s)
             with self._lock:
                 self._idle.append(w)

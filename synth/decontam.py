@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import pyarrow.parquet as pq
+
 from common.errors import ContractError
 from common.records import SynthRecord
 
@@ -100,7 +102,6 @@ def load_eval_texts(spec: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
                 if f.suffix in (".jsonl", ".json"):
                     rows += [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
                 elif f.suffix == ".parquet":
-                    import pyarrow.parquet as pq
                     rows += pq.read_table(f).to_pylist()
     out = []
     for i, r in enumerate(rows):

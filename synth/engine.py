@@ -29,17 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from common import atomic
+from common.config import load_config
 from common.errors import ContractError
 from common.hashing import canonical_json, config_hash
 from common.log import get_logger
 from common.manifest import RunManifest
+from common.records import validate_record
 from synth.backends import make_backend
 from synth.cache import ResponseCache
 from synth.client import CircuitOpenError, Clock, EndpointPool, RequestRejected, TeacherConfig
 from synth.decontam import EvalIndex, build_eval_index
+from synth.export import export_records
 from synth.pipeline import POST_STEPS, STEPS, GeneratorConfig, PostStep, Row, RowError, Step
-from common.records import validate_record
 from synth.sources import load_rows
 
 import synth.steps
@@ -215,7 +219,6 @@ class Progress:
 
     def __post_init__(self) -> None:
         if self.enabled:
-            from tqdm import tqdm
             self._bar = tqdm(total=self.total, unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True,
                              disable=None if sys.stderr.isatty() else False)
 
@@ -250,7 +253,6 @@ class RunResult:
 
 def load_generator(spec: str | os.PathLike, overrides: list[str] | None = None) -> GeneratorConfig:
     """A generator by name (synth/generators/<name>.yaml, then synth/domains/<name>.yaml) or path."""
-    from common.config import load_config
     p = Path(spec)
     if not p.suffix:
         here = Path(__file__).resolve().parent
@@ -426,7 +428,6 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
         atomic.write_text(records_path, "".join(r.to_json_line() for r in records))
         atomic.write_text(out / "rejects.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rejects))
         atomic.write_text(out / "removals.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in removals))
-        from synth.export import export_records
         export_manifest = export_records(records, out / "export", cfg.output.formats)
 
     step_counts: dict[str, dict[str, Any]] = {s.name: {"kind": s.kind, "in": 0, "out": 0} for s in steps}

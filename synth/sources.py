@@ -22,6 +22,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import pyarrow.parquet as pq
+
+from common.component import Component
 from common.errors import ContractError
 from common.hashing import stable_id
 from synth.pipeline import SOURCES, register_source
@@ -49,7 +52,6 @@ def jsonl_source(seed: int, path: str) -> Iterator[dict[str, Any]]:
 
 @register_source("parquet")
 def parquet_source(seed: int, path: str) -> Iterator[dict[str, Any]]:
-    import pyarrow.parquet as pq
     for f in _files(Path(path), (".parquet",)):
         yield from pq.read_table(f).to_pylist()
 
@@ -69,7 +71,6 @@ def datasets_source(seed: int, path: str | None = None, name: str | None = None,
 
 @register_source("component")
 def component_source(seed: int, path: str) -> Iterator[dict[str, Any]]:
-    from common.component import Component
     comp = Component.open(path)
     for batch in comp.iter_batches(columns=["id", "text", "source", "meta"]):
         for r in batch.to_pylist():

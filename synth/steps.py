@@ -55,6 +55,11 @@ def vote(method: str, texts: list[str]) -> tuple[str | None, int]:
     return majority_answer([extract(t) for t in texts], key)
 
 
+def verify_each(verifier: Any, texts: list[str], reference: Any, fields: dict[str, Any]) -> list[Any]:
+    """`verifier` over the samples of one prompt, in one check-pool call."""
+    return [verifier(t, reference, fields) for t in texts]
+
+
 def toggle_format_reward(text: str, mode: str | None) -> float | None:
     """LN §5.1 format reward: 1.0 when the response has the layout its toggle asks for."""
     return None if mode is None else float(parse_reasoning(text, mode).ok)
@@ -421,9 +426,18 @@ class Verify(Step):
                 return
         else:
             row.fields.setdefault("answer_source", "reference")
+        cands = [c for f in self.cfg.fields for c in self.alive(row, f)]
+        texts = [c.parsed.get("answer_text") or c.text for c in cands]
+        try:                                    # one round trip to the check pool per prompt
+            outs: list[Any] | None = await self.check(verify_each, verifier, texts, ref, row.fields)
+        except CheckTimeout:
+            outs = None                         # one of them hangs: each on its own, under its own limit
+        by_cand = {id(c): i for i, c in enumerate(cands)}
+
         async def verdict(c: Candidate) -> str | None:
             try:
-                out = await self.check(verifier, c.parsed.get("answer_text") or c.text, ref, row.fields)
+                out = outs[by_cand[id(c)]] if outs is not None else await self.check(verifier, texts[by_cand[id(c)]],
+                                                                                       ref, row.fields)
             except CheckTimeout as e:           # counted like any rejection
                 c.verification = Verification(method=self.cfg.method, verdict=False, score=0.0, rule=answer_source,
                                               detail=f"timeout: {e}")
@@ -433,7 +447,7 @@ class Verify(Step):
                                           rule=answer_source, detail=out.detail or None)
             return None if out.passed else (out.detail or "wrong answer")
 
-        await self.keep(row, [c for f in self.cfg.fields for c in self.alive(row, f)], verdict)
+        await self.keep(row, cands, verdict)
 
     async def _judge_all(self, row: Row, ref: Any) -> None:
         if self.cfg.judge is None:

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import string
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from common.config import StrictModel, validate
 from common.errors import ContractError
+from synth.domains.finance_validate import Company, Template, template_problems
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, tool_definition_problems
 
 DATA_DIR = Path(__file__).parent / "data"
-
-
-def data_path(name: str) -> Path:
-    """A file shipped in `synth/domains/data/`."""
-    return DATA_DIR / name
 
 
 def resolve_seed_path(path: str | os.PathLike) -> Path:
@@ -56,21 +54,12 @@ def _validate(model: type[BaseModel], raw: Any, path: str | os.PathLike, kind: s
         raise ContractError(path, "expected a mapping at the top level")
     if raw.get("schema") != kind:
         raise ContractError(path, f"schema is {raw.get('schema')!r}, expected {kind!r}", field="schema")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ContractError(path, f"{err['msg']} (input: {err.get('input')!r:.100})", field=field) from None
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    return validate(model, raw, path)
 
 
 # ---- tool use -----------------------------------------------------------------------------
 
-class Toolset(_Strict):
+class Toolset(StrictModel):
     id: str
     description: str = ""
     tools: list[dict[str, Any]]
@@ -83,7 +72,7 @@ class Toolset(_Strict):
         return self
 
 
-class ToolsetFile(_Strict):
+class ToolsetFile(StrictModel):
     schema_: str = Field(alias="schema")
     toolsets: list[Toolset]
 
@@ -103,12 +92,12 @@ def load_toolsets(path: str | os.PathLike = "toolsets.yaml") -> list[Toolset]:
     return _validate(ToolsetFile, read_seed_file(path), path, "toolsets/1").toolsets
 
 
-class Persona(_Strict):
+class Persona(StrictModel):
     id: str
     description: str
 
 
-class PersonaFile(_Strict):
+class PersonaFile(StrictModel):
     schema_: str = Field(alias="schema")
     personas: list[Persona]
 
@@ -120,7 +109,7 @@ def load_personas(path: str | os.PathLike = "personas.yaml") -> list[Persona]:
     return personas
 
 
-class TopicFile(_Strict):
+class TopicFile(StrictModel):
     """Topics per conversation type (the paper samples the topic conditioned on the type)."""
 
     schema_: str = Field(alias="schema")
@@ -131,7 +120,7 @@ def load_topics(path: str | os.PathLike = "tool_topics.yaml") -> dict[str, list[
     return _validate(TopicFile, read_seed_file(path), path, "tool_topics/1").topics
 
 
-class Domain(_Strict):
+class Domain(StrictModel):
     """A customer-service domain of the conversational pipeline (§2.11), optionally with its
     policy and tools written by hand (otherwise the generator asks the teacher for them)."""
 
@@ -152,7 +141,7 @@ class Domain(_Strict):
         return self
 
 
-class DomainFile(_Strict):
+class DomainFile(StrictModel):
     schema_: str = Field(alias="schema")
     domains: list[Domain]
 
@@ -163,21 +152,19 @@ def load_domains(path: str | os.PathLike = "service_domains.yaml") -> list[Domai
 
 # ---- finance ------------------------------------------------------------------------------
 
-class CompanyRow(_Strict):
+class CompanyRow(StrictModel):
     ticker: str = Field(pattern=r"^[A-Z][A-Z.\-]{0,9}$")
     name: str
     gics_sub_industry: str
     sector: str = ""
 
 
-class CompanyFile(_Strict):
+class CompanyFile(StrictModel):
     schema_: str = Field(alias="schema")
     companies: list[CompanyRow]
 
 
-def load_companies(path: str | os.PathLike = "companies.yaml") -> list["Company"]:
-    from synth.domains.finance_validate import Company
-
+def load_companies(path: str | os.PathLike = "companies.yaml") -> list[Company]:
     rows = _validate(CompanyFile, read_seed_file(path), path, "companies/1").companies
     tickers = [r.ticker for r in rows]
     dup = sorted({t for t in tickers if tickers.count(t) > 1})
@@ -186,7 +173,7 @@ def load_companies(path: str | os.PathLike = "companies.yaml") -> list["Company"
     return [Company(r.ticker, r.name, r.gics_sub_industry, r.sector) for r in rows]
 
 
-class TemplateRow(_Strict):
+class TemplateRow(StrictModel):
     id: str
     text: str
     kind: Literal["single", "comparison"] = "single"
@@ -194,14 +181,12 @@ class TemplateRow(_Strict):
     sections: list[str] = []
 
 
-class TemplateFile(_Strict):
+class TemplateFile(StrictModel):
     schema_: str = Field(alias="schema")
     templates: list[TemplateRow]
 
 
-def load_finance_templates(path: str | os.PathLike = "finance_templates.yaml") -> list["Template"]:
-    from synth.domains.finance_validate import Template, template_problems
-
+def load_finance_templates(path: str | os.PathLike = "finance_templates.yaml") -> list[Template]:
     rows = _validate(TemplateFile, read_seed_file(path), path, "finance_templates/1").templates
     out = [Template(r.id, r.text, r.kind, r.numeric, tuple(r.sections)) for r in rows]
     for i, t in enumerate(out):
@@ -215,12 +200,12 @@ def load_finance_templates(path: str | os.PathLike = "finance_templates.yaml") -
 
 # ---- text-to-SQL --------------------------------------------------------------------------
 
-class SqlConcept(_Strict):
+class SqlConcept(StrictModel):
     id: str = Field(pattern=r"^[a-z0-9_]+$")
     description: str
 
 
-class SqlTaxonomy(_Strict):
+class SqlTaxonomy(StrictModel):
     """Industry -> topics, SQL concept buckets, and the prompt-diversity axes (§2.10)."""
 
     schema_: str = Field(alias="schema")
@@ -249,7 +234,7 @@ def load_sql_taxonomy(path: str | os.PathLike = "sql_taxonomy.yaml") -> SqlTaxon
 
 # ---- code concepts and MCQ -----------------------------------------------------------------
 
-class ConceptFile(_Strict):
+class ConceptFile(StrictModel):
     schema_: str = Field(alias="schema")
     concepts: list[str]
 
@@ -268,7 +253,7 @@ def load_concepts(path: str | os.PathLike = "code_concepts.yaml") -> list[str]:
     return _validate(ConceptFile, read_seed_file(path), path, "code_concepts/1").concepts
 
 
-class McqSeed(_Strict):
+class McqSeed(StrictModel):
     id: str
     source: str = ""
     question: str
@@ -277,7 +262,6 @@ class McqSeed(_Strict):
 
     @model_validator(mode="after")
     def _letters(self) -> "McqSeed":
-        import string
         want = list(string.ascii_uppercase[: len(self.options)])
         if list(self.options) != want or len(self.options) < 2:
             raise ValueError(f"seed {self.id}: options must be lettered {''.join(want) or 'A, B, ...'} in order")
@@ -286,7 +270,7 @@ class McqSeed(_Strict):
         return self
 
 
-class McqSeedFile(_Strict):
+class McqSeedFile(StrictModel):
     schema_: str = Field(alias="schema")
     seeds: list[McqSeed]
 
