@@ -9,11 +9,9 @@ import pytest
 
 from common.errors import ContractError
 from synth.domains.finance_validate import (
-    Company,
     Instance,
     cap_markdown,
     check_arithmetic,
-    stated_number,
     count_tokens_regex,
     dedup_questions,
     eval_arithmetic,
@@ -25,6 +23,7 @@ from synth.domains.finance_validate import (
     parse_selection,
     percentile_bounds,
     remove_outliers,
+    stated_number,
 )
 from synth.domains.seeds import load_companies, load_finance_templates
 
