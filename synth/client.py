@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from common.config import StrictModel
 from common.log import get_logger
 from synth.toolcalls import ToolCallShapeError, normalize_tool_calls
 
@@ -422,10 +423,8 @@ def classify_status(endpoint: str, status: int, text: str, headers: Any = None) 
 # Configuration
 # ---------------------------------------------------------------------------------------------
 
-class TeacherConfig(BaseModel):
+class TeacherConfig(StrictModel):
     """One model behind one or more OpenAI-compatible endpoints (the unit a step asks for)."""
-
-    model_config = ConfigDict(extra="forbid")
     model: str
     endpoints: list[str] = Field(default_factory=list, description="base URLs ending in /v1")
     backend: str = "openai"                 # "openai" (HTTP) or "vllm" (in-process, GPU hosts)

@@ -20,12 +20,7 @@ from synth.checkpool import CheckTimeout
 from synth.decontam import clean_records, removal_summary
 from synth.pipeline import Candidate, PostStep, Row, Step, derive_seed, register_post_step, register_step, render
 from synth.toolcalls import parse_json_object
-from synth.verify import ANSWER_EXTRACTORS, ANSWER_KEYS, get_verifier, majority_answer, parse_reasoning
-
-try:                                   # the verifier module's full check, where it has one
-    from synth.verify import check_json_schema
-except ImportError:
-    from synth.jsonout import check_json_schema
+from synth.verify import ANSWER_EXTRACTORS, ANSWER_KEYS, check_json_schema, get_verifier, majority_answer, parse_reasoning
 
 _Cfg = StrictModel
 
