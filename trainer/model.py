@@ -21,13 +21,13 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
+
+from common.config import StrictModel
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(StrictModel):
     """Shapes of the decoder. `vocab_size` normally comes from the shard set's tokenizer."""
-
-    model_config = ConfigDict(extra="forbid")
 
     vocab_size: int
     d_model: int

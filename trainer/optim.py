@@ -25,17 +25,17 @@ from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from common.config import StrictModel
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)     # quintic Newton-Schulz (Keller Jordan's Muon)
 MATRIX_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class OptimConfig(BaseModel):
+class OptimConfig(StrictModel):
     """Optimizer settings. Puro gives the routing, Eq. 1 and m = 10; the rest are the common
     Muon/AdamW defaults (spec §5.3: not in the seed) and are recorded with every run."""
-
-    model_config = ConfigDict(extra="forbid")
 
     matrix: str = Field("muonh", pattern="^(muonh|muon|muon_elr|adamw)$")   # rule for q,k,v,o,gate,up,down
     matrix_lr_mult: float = 10.0          # m: eta^H = m * eta^base (Puro §3.3)

@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from common.config import StrictModel
 
 
-class _Sched(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Sched(StrictModel):
     warmup_steps: int = 0
     hold_from_step: int | None = None     # absolute step S: lr(s >= S) = lr(S)  (CMA continuation)
     horizon_steps: int | None = None      # the schedule's length from the run's start (default: the run's)
@@ -75,8 +76,7 @@ class LinearSchedule(_Sched):
     lr_end: float = 0.0
 
 
-class HoldSchedule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HoldSchedule(StrictModel):
     kind: Literal["hold"] = "hold"
     lr: float | Literal["init"] = "init"
     extend: bool = False

@@ -27,7 +27,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from common.config import StrictModel
 
 E4M3_MAX = 448.0
 """Largest finite magnitude of float8_e4m3fn."""
@@ -49,10 +51,10 @@ def _compile(pattern: str) -> re.Pattern:
         raise ValueError(f"not a valid regular expression {pattern!r}: {exc}") from None
 
 
-class Fp8Recipe(BaseModel):
+class Fp8Recipe(StrictModel):
     """Blockwise FP8 recipe (Puro §3.2). ``Fp8Recipe()`` is the Puro default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)         # extra="forbid" from StrictModel
 
     schema_version: Literal[1] = 1
     scale_format: ScaleFormat = "pow2"
