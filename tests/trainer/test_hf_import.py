@@ -70,6 +70,9 @@ def test_hf_round_trip_through_one_training_step(hf_dir, tmp_path):
     tokens = torch.randint(0, 250, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(back(tokens).logits, trained(tokens), rtol=1e-4, atol=1e-4)
+    again = ckpt.load_weights(import_hf(out, tmp_path / "again"))            # our own export imports back
+    for k, v in ckpt.load_weights(final).items():
+        torch.testing.assert_close(again[k], v)
 
 
 def test_refuses_what_the_model_cannot_express(tmp_path):
