@@ -37,7 +37,7 @@ from common.errors import ContractError
 from common.hashing import canonical_json, config_hash
 from common.log import get_logger
 from common.manifest import RunManifest
-from common.records import validate_record
+from common.records import SynthRecord, validate_record
 from synth.backends import make_backend
 from synth.cache import ResponseCache
 from synth.client import CircuitOpenError, Clock, EndpointPool, RequestRejected, TeacherConfig
@@ -318,24 +318,15 @@ def journal_identity(path: Path) -> str | None:
         return None
 
 
-async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: bool = False,
-                    restart_if_changed: bool = False, progress: bool = True, llm_factory: Any = None,
-                    stop_after_rows: int | None = None, clock: Clock | None = None) -> RunResult:
-    """Run (or resume) `cfg` into `out_dir`. `fresh` forgets finished prompts; `restart_if_changed`
-    does so only when the directory holds a run of another config (a pipeline stage that reruns
-    after its config changed), instead of refusing. The request cache is kept either way."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic.clean_stale_tmp(out)
-    cfg_dump = cfg.model_dump(mode="json")
-    chash = run_identity(cfg_dump)
+def _prompts(cfg: GeneratorConfig, out: Path, chash: str, fresh: bool, restart_if_changed: bool
+             ) -> tuple[list[Row], dict[str, Any], list[Row]]:
+    """(all rows in source order, source counts, rows still to run) after reading the journal."""
     journal_path = out / "journal.jsonl"
     if restart_if_changed and journal_identity(journal_path) not in (None, chash):
         log.warning("%s holds a run of another config: restarting it (cached answers are reused)", out)
         fresh = True
     if fresh and journal_path.exists():
         journal_path.unlink()
-    t_start = time.perf_counter()
     import_plugins(cfg)
     rows_fields, source_counts = load_rows(cfg.source, cfg.seed, cfg.limit)
     rows = [_row_from_fields(i, f) for i, f in enumerate(rows_fields)]
@@ -348,19 +339,30 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
     if unknown:
         raise ContractError(journal_path, f"{len(unknown)} journaled prompts are not in the source any more "
                             f"(e.g. {sorted(unknown)[0]}); the input changed: use --fresh")
-    pending = [r for r in rows if r.id not in done]
-    cache = ResponseCache(out / "cache.sqlite")
-    env = RunEnv(cfg, cache, llm_factory=llm_factory, clock=clock)
-    steps, posts = build_steps(cfg, env)
-    journal = Journal(journal_path, chash)
-    prog = Progress(total=len(pending), enabled=progress)
     log.info("generator %s: %d prompts, %d already done, %d to go -> %s",
-             cfg.generator, len(rows), len(done), len(pending), out)
+             cfg.generator, len(rows), len(done), len(rows) - len(done), out)
+    return rows, source_counts, [r for r in rows if r.id not in done]
+
+
+@dataclass
+class _Generated:
+    errors: list[str]
+    n_finished: int
+    seconds: float
+    stats: dict[str, Any]
+
+
+async def _generate(cfg: GeneratorConfig, journal: Journal, pending: list[Row], env: RunEnv, steps: list[Step],
+                    progress: bool, stop_after_rows: int | None) -> _Generated:
+    """Run the pending rows through the steps concurrently, journaling each finished one. A prompt
+    that fails (retries spent, a request rejected for its content, an open breaker) is counted,
+    not journaled; a request rejected before any answer, or too many failures, stops the run."""
+    prog = Progress(total=len(pending), enabled=progress)
     errors: list[str] = []
     fatal: BaseException | None = None
     sem = asyncio.Semaphore(cfg.output.max_inflight_rows)
     n_finished = 0
-    t_gen = time.perf_counter()
+    t0 = time.perf_counter()
 
     async def one(row: Row) -> None:
         nonlocal n_finished, fatal
@@ -373,8 +375,7 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
                 if isinstance(e, RequestRejected) and not env.any_answered():
                     fatal = e            # rejected before anything was answered: the config is wrong, stop
                     return
-                # this prompt failed for this run (a request rejected for its content, retries spent,
-                # or the endpoint's breaker open): not journaled, so the next run retries it
+                # this prompt failed for this run: not journaled, so the next run retries it
                 errors.append(f"prompt {row.id}: {e}" if not isinstance(e, RowError) else str(e))
                 prog.errors += 1
                 if cfg.output.max_error_rows is not None and len(errors) > cfg.output.max_error_rows:
@@ -399,41 +400,56 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
                 break
     finally:
         prog.close()
-        journal.close()
-        cache.close()
         stats = env.backend_stats()
-        await env.close()
     if fatal is not None:
         raise fatal
-    gen_s = time.perf_counter() - t_gen
+    return _Generated(errors, n_finished, time.perf_counter() - t0, stats)
 
-    # ---- rebuild outputs from the journal (sorted, deterministic) --------------------------------
+
+@dataclass
+class _Outputs:
+    ordered: list[dict[str, Any]]            # journal entries in prompt order
+    records: list[SynthRecord]
+    rejects: list[dict[str, Any]]
+    removals: list[dict[str, Any]]
+    post_summary: dict[str, dict[str, Any]]
+    files: list[str]
+    complete: bool
+
+
+def _rebuild(cfg: GeneratorConfig, out: Path, chash: str, rows: list[Row], posts: list[PostStep]) -> _Outputs:
+    """The run's files from the journal, sorted by prompt order (deterministic); the post steps and
+    the outputs only when every prompt is done."""
+    journal_path = out / "journal.jsonl"
     entries = read_journal(journal_path, chash)
     order = {r.id: r.index for r in rows}
     ordered = sorted(entries.values(), key=lambda e: order[e["id"]])
     records = [validate_record(d, journal_path) for e in ordered for d in e["records"]]
     rejects = [rj for e in ordered for rj in e["rejects"]]
-    complete = len(entries) == len(rows)
     removals: list[dict[str, Any]] = []
     post_summary: dict[str, dict[str, Any]] = {}
-    if complete:
-        for p in posts:
-            n_before = len(records)
-            records, removed = p.apply(records)
-            removals += removed
-            post_summary[p.name] = {"in": n_before, "out": len(records), **getattr(p, "summary", {})}
-    records_path = out / "records.jsonl"
-    export_manifest: dict[str, Any] = {"files": {}}
-    if complete:
-        atomic.write_text(records_path, "".join(r.to_json_line() for r in records))
-        atomic.write_text(out / "rejects.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rejects))
-        atomic.write_text(out / "removals.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in removals))
-        export_manifest = export_records(records, out / "export", cfg.output.formats)
+    complete = len(entries) == len(rows)
+    if not complete:
+        return _Outputs(ordered, records, rejects, removals, post_summary, [], False)
+    for p in posts:
+        n_before = len(records)
+        records, removed = p.apply(records)
+        removals += removed
+        post_summary[p.name] = {"in": n_before, "out": len(records), **getattr(p, "summary", {})}
+    atomic.write_text(out / "records.jsonl", "".join(r.to_json_line() for r in records))
+    atomic.write_text(out / "rejects.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rejects))
+    atomic.write_text(out / "removals.jsonl", "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in removals))
+    export_manifest = export_records(records, out / "export", cfg.output.formats)
+    files = ["records.jsonl", "rejects.jsonl", "removals.jsonl"] + [f"export/{f}" for f in export_manifest["files"]]
+    return _Outputs(ordered, records, rejects, removals, post_summary, files, True)
 
+
+def tally(entries: list[dict[str, Any]], steps: list[Step]) -> tuple[dict[str, dict[str, Any]], dict[str, int], dict[str, int]]:
+    """(per-step in/out/acceptance, token usage, prompts dropped per step) over journal entries."""
     step_counts: dict[str, dict[str, Any]] = {s.name: {"kind": s.kind, "in": 0, "out": 0} for s in steps}
     usage = {"requests": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
     n_dropped: dict[str, int] = {}
-    for e in ordered:
+    for e in entries:
         for name, (a, b) in e["step_counts"].items():
             sc = step_counts.setdefault(name, {"kind": "?", "in": 0, "out": 0})
             sc["in"] += a
@@ -445,36 +461,64 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
             n_dropped[step] = n_dropped.get(step, 0) + 1
     for sc in step_counts.values():
         sc["acceptance"] = round(sc["out"] / sc["in"], 4) if sc["in"] else None
+    return step_counts, usage, n_dropped
+
+
+async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: bool = False,
+                    restart_if_changed: bool = False, progress: bool = True, llm_factory: Any = None,
+                    stop_after_rows: int | None = None, clock: Clock | None = None) -> RunResult:
+    """Run (or resume) `cfg` into `out_dir`. `fresh` forgets finished prompts; `restart_if_changed`
+    does so only when the directory holds a run of another config (a pipeline stage that reruns
+    after its config changed), instead of refusing. The request cache is kept either way."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.clean_stale_tmp(out)
+    cfg_dump = cfg.model_dump(mode="json")
+    chash = run_identity(cfg_dump)
+    t_start = time.perf_counter()
+    rows, source_counts, pending = _prompts(cfg, out, chash, fresh, restart_if_changed)
+    cache = ResponseCache(out / "cache.sqlite")
+    env = RunEnv(cfg, cache, llm_factory=llm_factory, clock=clock)
+    steps, posts = build_steps(cfg, env)
+    journal = Journal(out / "journal.jsonl", chash)
+    try:
+        gen = await _generate(cfg, journal, pending, env, steps, progress, stop_after_rows)
+    finally:
+        journal.close()
+        cache.close()
+        await env.close()
+    outputs = _rebuild(cfg, out, chash, rows, posts)
+    step_counts, usage, n_dropped = tally(outputs.ordered, steps)
+    records = outputs.records
     by_kind: dict[str, int] = {}
     for r in records:
         by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
-    live_completion = sum(s.get("completion_tokens", 0) for s in stats.values())
+    gen_s = gen.seconds
+    live_completion = sum(s.get("completion_tokens", 0) for s in gen.stats.values())
+    pending_ids = {r.id for r in pending}
+    new_records = sum(len(e["records"]) for e in outputs.ordered if e["id"] in pending_ids)
     manifest = SynthRunManifest(
-        job=f"synth {cfg.generator}", generator=cfg.generator, status="complete" if complete else "partial",
+        job=f"synth {cfg.generator}", generator=cfg.generator, status="complete" if outputs.complete else "partial",
         config=cfg_dump, config_hash=config_hash(cfg_dump), run_identity=chash,
         teachers={k: v.describe() for k, v in cfg.teachers.items()},
-        steps=step_counts, post=post_summary,
-        counts={"prompts": len(rows), "prompts_done": len(entries), "prompts_dropped": n_dropped,
-                "records": len(records), "records_by_kind": by_kind, "rejects": len(rejects),
-                "removed_by_post": len(removals), "strict_pairs": sum(1 for r in records if r.pair_role == "on"),
+        steps=step_counts, post=outputs.post_summary,
+        counts={"prompts": len(rows), "prompts_done": len(outputs.ordered), "prompts_dropped": n_dropped,
+                "records": len(records), "records_by_kind": by_kind, "rejects": len(outputs.rejects),
+                "removed_by_post": len(outputs.removals), "strict_pairs": sum(1 for r in records if r.pair_role == "on"),
                 **source_counts},
-        usage={**usage, "this_run": stats},
+        usage={**usage, "this_run": gen.stats},
         throughput={"wall_s": round(time.perf_counter() - t_start, 3), "generate_s": round(gen_s, 3),
-                    "prompts_per_s": round(n_finished / gen_s, 3) if gen_s > 0 else 0.0,
-                    "records_per_s": 0.0,
+                    "prompts_per_s": round(gen.n_finished / gen_s, 3) if gen_s > 0 else 0.0,
+                    "records_per_s": round(new_records / gen_s, 3) if gen_s > 0 else 0.0,
                     "completion_tokens_per_s": round(live_completion / gen_s, 3) if gen_s > 0 else 0.0},
-        errors={"prompts_failed": len(errors), "examples": errors[:5]},
-        outputs=([str(records_path.name), "rejects.jsonl", "removals.jsonl"]
-                 + [f"export/{f}" for f in export_manifest["files"]]) if complete else [],
+        errors={"prompts_failed": len(gen.errors), "examples": gen.errors[:5]},
+        outputs=outputs.files,
     )
-    pending_ids = {r.id for r in pending}
-    new_records = sum(len(e["records"]) for e in ordered if e["id"] in pending_ids)
-    manifest.throughput["records_per_s"] = round(new_records / gen_s, 3) if gen_s > 0 else 0.0
-    if complete:
+    if outputs.complete:
         manifest.write(out)
     else:
         atomic.write_json(out / "manifest.partial.json", manifest.to_json_dict())
-    return RunResult(out, manifest, records_path, len(records))
+    return RunResult(out, manifest, out / "records.jsonl", len(records))
 
 
 def run(cfg: GeneratorConfig, out_dir: str | os.PathLike, **kw: Any) -> RunResult:
