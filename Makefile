@@ -81,7 +81,7 @@ datatrove-env: $(DATATROVE_STAMP)
 $(DATATROVE_STAMP):
 	@test -x $(DATATROVE_VENV)/bin/python || $(PYTHON) -m venv $(DATATROVE_VENV)
 	$(DATATROVE_VENV)/bin/python -m pip install -q --upgrade pip
-	$(DATATROVE_VENV)/bin/python -m pip install -q 'datatrove[processing]' spacy
+	$(DATATROVE_VENV)/bin/python -m pip install -q 'datatrove[io,processing]' spacy
 	@touch $(DATATROVE_STAMP)
 
 # ---- synth: teacher servers, each in its own virtualenv (as a server is deployed) --------------

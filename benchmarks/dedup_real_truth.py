@@ -297,8 +297,9 @@ def score(ids: list[str], roots: np.ndarray, removed: set[str]) -> dict:
     hit = np.zeros(len(ids), dtype=np.int64)
     for r in removed:
         hit[roots[index[r]]] += 1
-    tp = int(np.minimum(hit, sizes - 1).sum())
-    ideal = int((sizes - 1)[sizes > 0].sum())
+    room = np.maximum(sizes - 1, 0)                  # removals a component can take (0 for non-roots)
+    tp = int(np.minimum(hit, room).sum())
+    ideal = int(room.sum())
     strict_ideal = {ids[i] for i in np.flatnonzero(roots != np.arange(len(ids)))}
     strict_tp = len(removed & strict_ideal)
     return {"removed": len(removed), "ideal": ideal, "tp": tp,

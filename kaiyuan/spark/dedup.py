@@ -84,8 +84,8 @@ def list_array_of(values: np.ndarray, lengths: np.ndarray, null: Optional[np.nda
 
 def signature_fn(n_grams: int, shingles: str, bands: int, rows: int, num_perm: int, seed: int,
                  exact: bool, near: bool):
-    """Step 1: Arrow batch (source, id, text, ...) -> same columns without text, plus exact_key and
-    bands (null for documents without tokens)."""
+    """Step 1: Arrow batch (source, id, text, ...) -> same columns without text, plus exact_key,
+    bands (null for documents without tokens) and n_sh (distinct shingles)."""
 
     def run(batches):
         a, b = mh.permutations(num_perm, seed)
@@ -102,8 +102,10 @@ def signature_fn(n_grams: int, shingles: str, bands: int, rows: int, num_perm: i
                 keys = mh.band_keys(mh.signatures(sh, a, b), bands, rows)
                 has = sh.lengths > 0
                 cols["bands"] = list_array_of(keys[has].reshape(-1).view(np.uint64), np.where(has, bands, 0), ~has)
+                cols["n_sh"] = pa.array(mh.shingle_sets(sh).lengths, type=pa.int64())
             else:
                 cols["bands"] = pa.nulls(n, pa.list_(pa.int64()))
+                cols["n_sh"] = pa.nulls(n, pa.int64())
             yield pa.RecordBatch.from_pydict(cols)
 
     return run
@@ -138,27 +140,33 @@ def verify_fn(threshold: float):
 
 # ---- candidate pairs -----------------------------------------------------------------------
 
-def bucket_pairs(lsh_docs, scope: list[str], all_pairs_max: int, window: int):
+def bucket_pairs(lsh_docs, scope: list[str], all_pairs_max: int, window: int, threshold: float = 0.0):
     """Step 3: distinct candidate pairs (src, dst), src > dst, from the LSH buckets of `lsh_docs`
-    (node, bands, scope columns): all pairs of small buckets, a sorted neighbourhood in big ones."""
+    (node, bands, n_sh, scope columns): all pairs of small buckets, a sorted neighbourhood in big
+    ones; pairs whose set sizes alone rule out J >= threshold (min/max < threshold) are dropped."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     bucket = [*scope, "band", "key"]
-    exploded = lsh_docs.select(*scope, "node", F.posexplode("bands").alias("band", "key"))
+    exploded = lsh_docs.select(*scope, "node", "n_sh", F.posexplode("bands").alias("band", "key"))
     sized = (exploded.withColumn("_n", F.count("*").over(Window.partitionBy(*bucket))).where(F.col("_n") > 1)
              .persist(StorageLevel.MEMORY_AND_DISK))
-    small = sized.where(F.col("_n") <= all_pairs_max).select(*bucket, "node")
-    pairs = (small.join(small.withColumnRenamed("node", "other"), bucket)
-             .where(F.col("node") > F.col("other")).select(F.col("node").alias("src"), F.col("other").alias("dst")))
-    big = (sized.where(F.col("_n") > all_pairs_max).select(*bucket, "node")
+    def sizes_allow(n_a, n_b):
+        return F.least(n_a, n_b) >= F.lit(threshold) * F.greatest(n_a, n_b) - F.lit(1e-9)   # J <= min/max
+
+    small = sized.where(F.col("_n") <= all_pairs_max).select(*bucket, "node", "n_sh")
+    pairs = (small.join(small.select(*bucket, F.col("node").alias("other"), F.col("n_sh").alias("n_other")), bucket)
+             .where((F.col("node") > F.col("other")) & sizes_allow(F.col("n_sh"), F.col("n_other")))
+             .select(F.col("node").alias("src"), F.col("other").alias("dst")))
+    big = (sized.where(F.col("_n") > all_pairs_max).select(*bucket, "node", "n_sh")
            .join(lsh_docs.select("node", F.col("bands").alias("_order")), "node")
            .withColumn("_rank", F.row_number().over(Window.partitionBy(*bucket).orderBy("_order", "node")))
-           .select(*bucket, "node", "_rank"))
-    ahead = big.select(*bucket, F.col("node").alias("a"),
+           .select(*bucket, "node", "n_sh", "_rank"))
+    ahead = big.select(*bucket, F.col("node").alias("a"), F.col("n_sh").alias("n_a"),
                        F.explode(F.sequence(F.col("_rank") + 1, F.col("_rank") + window)).alias("_rank"))
-    near_by = ahead.join(big.withColumnRenamed("node", "b"), [*bucket, "_rank"])
+    near_by = (ahead.join(big.select(*bucket, "_rank", F.col("node").alias("b"), F.col("n_sh").alias("n_b")), [*bucket, "_rank"])
+               .where(sizes_allow(F.col("n_a"), F.col("n_b"))))
     pairs = pairs.unionByName(near_by.select(F.greatest("a", "b").alias("src"), F.least("a", "b").alias("dst")))
     return pairs.distinct(), sized
 
@@ -243,7 +251,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     docs = frames[0]
     for f in frames[1:]:
         docs = docs.unionByName(f)
-    schema = "source string, id string, _score double, _weight bigint, exact_key binary, bands array<bigint>"
+    schema = "source string, id string, _score double, _weight bigint, exact_key binary, bands array<bigint>, n_sh bigint"
     keyed = docs.mapInArrow(signature_fn(d.minhash.n_grams, d.minhash.shingles, bands, rows, num_perm, d.minhash.seed,
                                          d.exact, d.near), schema).withColumn("node", F.concat_ws(NODE_SEP, "source", "id"))
     # 2. the smallest node with the same normalized text (the node itself without exact dedup)
@@ -259,16 +267,17 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     pair_counts: dict[str, int] = {}
     cached = []
     if d.near:
-        lsh_docs = keyed.where(F.col("bands").isNotNull() & (F.col("node") == F.col("_exact_root"))).select(*scope, "node", "bands")
+        lsh_docs = keyed.where(F.col("bands").isNotNull() & (F.col("node") == F.col("_exact_root"))).select(*scope, "node", "bands", "n_sh")
         if d.verify.enabled:
-            pairs, sized = bucket_pairs(lsh_docs, scope, d.verify.all_pairs_max, d.verify.window)
+            pairs, sized = bucket_pairs(lsh_docs, scope, d.verify.all_pairs_max, d.verify.window, threshold)
             pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
             with sw("candidates"):
                 pair_counts["candidate_pairs"] = pairs.count()
             sized.unpersist()
             ends = pairs.select(F.col("src").alias("node")).unionByName(pairs.select(F.col("dst").alias("node"))).distinct()
             texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
-            sets = texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
+            sets = (texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
+                    .persist(StorageLevel.MEMORY_AND_DISK))              # read by both joins
             joined = (pairs.join(sets.select(F.col("node").alias("src"), F.col("sh").alias("sh_a")), "src")
                       .join(sets.select(F.col("node").alias("dst"), F.col("sh").alias("sh_b")), "dst")
                       .select("src", "dst", "sh_a", "sh_b"))
@@ -277,6 +286,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             with sw("verify"):
                 pair_counts["verified_pairs"] = near.count()
             pairs.unpersist()
+            sets.unpersist()
             log.info("dedup: %d candidate pairs, %d with exact Jaccard >= %.2f (%.1fs + %.1fs)",
                      pair_counts["candidate_pairs"], pair_counts["verified_pairs"], threshold,
                      sw.timings_s["candidates"], sw.timings_s["verify"])

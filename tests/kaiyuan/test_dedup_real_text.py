@@ -91,9 +91,10 @@ def test_dedup_keeps_exactly_the_true_clusters(spark, tmp_path, docs):
 
 def test_big_buckets_pair_each_member_with_its_sorted_neighbours(spark):
     # one bucket of 10 members (beyond all_pairs_max = 4): each pairs with the next 2 in band-key order
-    rows = [(f"n{i}", [7, 100 + (9 - i)]) for i in range(10)] + [("x0", [8, 1]), ("x1", [8, 2])]
-    df = spark.createDataFrame(rows, "node string, bands array<bigint>")
-    pairs, sized = bucket_pairs(df, [], all_pairs_max=4, window=2)
+    rows = [(f"n{i}", [7, 100 + (9 - i)], 100) for i in range(10)] + [("x0", [8, 1], 100), ("x1", [8, 2], 100)]
+    rows += [("y0", [8, 3], 60)]                             # in x's bucket, but 60/100 < 0.7: J >= 0.7 impossible
+    df = spark.createDataFrame(rows, "node string, bands array<bigint>, n_sh bigint")
+    pairs, sized = bucket_pairs(df, [], all_pairs_max=4, window=2, threshold=0.7)
     got = {(r["src"], r["dst"]) for r in pairs.collect()}
     sized.unpersist()
     order = [f"n{i}" for i in range(9, -1, -1)]             # ascending second band key
