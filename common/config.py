@@ -111,6 +111,19 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def deep_merge(base: dict, over: dict) -> dict:
+    """Merge `over` into `base` (a layer of a config over the one below); a mapping whose `kind`
+    changes (a schedule, a retention rule) is replaced, not merged."""
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        if isinstance(v, dict) and isinstance(b, dict) and v.get("kind", b.get("kind")) == b.get("kind"):
+            out[k] = deep_merge(b, v)
+        else:
+            out[k] = v
+    return out
+
+
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """The one YAML file loader of every config and spec: a mapping, with duplicate keys refused
     (both line numbers named)."""

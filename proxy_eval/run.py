@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from common import atomic
 from common.component import Component
-from common.config import StrictModel, load_yaml, validate
+from common.config import StrictModel, deep_merge, load_yaml, validate
 from common.errors import ContractError
 from common.hashing import config_hash
 from common.log import get_logger
@@ -51,7 +51,7 @@ from proxy_eval.plan import SlicePlan, read_id_list, sample_component
 from proxy_eval.profiles import build_profile
 from proxy_eval.tasks import SuiteConfig
 from trainer import checkpoint as ckpt
-from trainer.config import RunConfig, _deep_merge as deep_merge, load_run_config
+from trainer.config import RunConfig, load_run_config
 from trainer import train as trainer_train
 
 log = get_logger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from common.config import StrictModel, apply_overrides, load_yaml, validate
+from common.config import StrictModel, apply_overrides, deep_merge, load_yaml, validate
 from common.errors import ContractError
 from trainer.fp8.recipe import Fp8Recipe
 from trainer.model import PRESETS, ModelConfig, preset_config
@@ -192,18 +192,6 @@ class RunConfig(StrictModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
-def _deep_merge(base: dict, over: dict) -> dict:
-    """Merge `over` into `base`; a mapping whose `kind` changes (a schedule) is replaced, not merged."""
-    out = dict(base)
-    for k, v in over.items():
-        b = out.get(k)
-        if isinstance(v, dict) and isinstance(b, dict) and v.get("kind", b.get("kind")) == b.get("kind"):
-            out[k] = _deep_merge(b, v)
-        else:
-            out[k] = v
-    return out
-
-
 def _resolve_extends(data: dict, origin: Path | None, seen: tuple = ()) -> dict:
     ext = data.pop("extends", None)
     if ext is None:
@@ -216,7 +204,7 @@ def _resolve_extends(data: dict, origin: Path | None, seen: tuple = ()) -> dict:
     if path in seen:
         raise ContractError(path, "circular 'extends'")
     base = _resolve_extends(load_yaml(path), path, seen + (path,))
-    return _deep_merge(base, data)
+    return deep_merge(base, data)
 
 
 def load_run_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
