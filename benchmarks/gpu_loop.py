@@ -10,6 +10,11 @@ measured by `../shared/bench/peer_torchtitan/peer_bench.py` in the same call on 
     # on the GPU (with .gpu_data, .peer and the wheels carried):
     python benchmarks/gpu_loop.py run --data .gpu_data/shards --out $OUT --peer .peer
 
+`--profile` adds, last, a torch.profiler summary of two steps of ours-bf16 (the same loop, `trainer.train.train`,
+in its own process; the compile step skipped): CUDA kernel time per step by family (GEMM, attention, optimizer
+elementwise, Inductor kernels, other) and by region (the optimizer step with the gradient clip; the chunked loss),
+and the top kernels (`profile.json`, `profile.txt`).
+
 The model is the `1.7b` preset with the vocabulary padded to Qwen's 151,936 (`model.overrides.vocab_size`;
 the shard set's own vocabulary is smaller), sequence 4096, 64 sequences = 262,144 tokens per step,
 micro-batch 4; `compile: true`; no checkpoints, no evaluation. Tokens/s is the median over the steps
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -223,6 +229,105 @@ def attention_probe() -> dict:
     return out
 
 
+KERNEL_FAMILIES = (          # first match wins; names as cuBLAS, cuDNN, flash and Inductor give them
+    ("attention", re.compile(r"sdpa|flash|fmha|attention", re.I)),
+    ("gemm", re.compile(r"nvjet|gemm|cutlass|xmma|cublas|wgmma", re.I)),
+    ("optimizer-elementwise", re.compile(r"multi_tensor|foreach|adam|lerp", re.I)),
+    ("inductor (norms, RoPE, SwiGLU, residuals, loss softmax)", re.compile(r"^triton_", re.I)),
+)
+REGIONS = ("gpu_loop/optimizer", "gpu_loop/loss")
+
+
+def kernel_family(name: str) -> str:
+    return next((fam for fam, pat in KERNEL_FAMILIES if pat.search(name)), "other (copies, casts, reductions)")
+
+
+def profile_loop(cfg_path: Path, out: Path, steps: int) -> dict:
+    """`trainer.train.train` (the loop `python -m trainer train` calls) under torch.profiler: the first
+    step (compile) is skipped, the next `steps` are recorded. Wraps the optimizer step (with the
+    gradient clip) and the loss in named ranges so their kernels can be summed by region."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    import trainer.train as tt
+    from trainer.config import load_run_config
+
+    cfg = load_run_config(str(cfg_path), [])
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                   schedule=schedule(wait=1, warmup=0, active=steps, repeat=1))
+    step_call, lce = tt.Stepper.__call__, tt.linear_cross_entropy_sum
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def stepped(self, *a, **k):
+        r = step_call(self, *a, **k)
+        prof.step()
+        return r
+
+    def ranged(name, fn):
+        def wrapper(*a, **k):
+            with record_function(name):
+                return fn(*a, **k)
+        return wrapper
+
+    from trainer import optim
+    tt.Stepper.__call__ = stepped
+    tt.linear_cross_entropy_sum = ranged("gpu_loop/loss", lce)
+    torch.nn.utils.clip_grad_norm_ = ranged("gpu_loop/optimizer", clip)
+    optim.CombinedOptimizer.step = ranged("gpu_loop/optimizer", optim.CombinedOptimizer.step)
+    with prof:
+        tt.train(cfg)
+    t0 = time.time()
+    events = prof.events()
+    fam: dict[str, float] = {}
+    kernels: dict[str, list] = {}
+    for e in prof.key_averages():
+        if str(e.device_type).endswith("CUDA") and e.self_device_time_total > 0:
+            f = kernel_family(e.key)
+            fam[f] = fam.get(f, 0.0) + e.self_device_time_total
+            kernels[e.key] = [e.self_device_time_total, e.count, f]
+    regions = {r: sum(e.device_time_total for e in events if e.name == r) for r in REGIONS}
+    total = sum(fam.values())
+    per = lambda us: round(us / 1e3 / steps, 1)  # noqa: E731 - µs over `steps` steps -> ms per step
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:60]
+    result = {"steps": steps, "ms_per_step_total_kernels": per(total),
+              "families_ms_per_step": {k: per(v) for k, v in sorted(fam.items(), key=lambda kv: -kv[1])},
+              "regions_ms_per_step": {k.split("/")[1]: per(v) for k, v in regions.items()},
+              "top_kernels": [{"name": k[:160], "ms_per_step": per(v[0]), "calls_per_step": v[1] / steps,
+                               "family": v[2]} for k, v in top],
+              "processing_s": round(time.time() - t0, 1)}
+    (out / "profile.json").write_text(json.dumps(result, indent=1))
+    lines = [f"{'ms/step':>9}  {'share':>6}  family"] + [
+        f"{v:9.1f}  {v / max(result['ms_per_step_total_kernels'], 1e-9):6.1%}  {k}"
+        for k, v in result["families_ms_per_step"].items()]
+    lines += ["", "regions (all kernels under the range): " + json.dumps(result["regions_ms_per_step"]), "",
+              f"{'ms/step':>9}  {'calls':>7}  kernel"]
+    lines += [f"{t['ms_per_step']:9.1f}  {t['calls_per_step']:7.0f}  {t['name']}" for t in result["top_kernels"]]
+    (out / "profile.txt").write_text("\n".join(lines) + "\n")
+    log("profile:\n" + "\n".join(lines[:12]))
+    return result
+
+
+def run_profile(args) -> dict:
+    """The `profile` subcommand in a subprocess (its own CUDA context and compile), on ours-bf16's config."""
+    name = args.profile_variant
+    run_dir = Path(args.work) / f"{name}-profile"
+    cfg_path = Path(args.work) / f"{name}-profile.yaml"
+    base = OURS.get(name) or OURS["ours-bf16"]
+    cfg = run_config(name, args.data, run_dir, 1 + args.profile_steps, args.micro_batch, base)
+    cfg["log"]["detail_every"] = 1000
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "profile", "--config", str(cfg_path), "--out", str(args.out),
+           "--steps", str(args.profile_steps)]
+    log("profile: " + " ".join(cmd))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.profile_timeout)
+    (Path(args.out) / "profile.log").write_text(proc.stdout[-20000:] + proc.stderr[-40000:])
+    prof_json = Path(args.out) / "profile.json"
+    if proc.returncode != 0 or not prof_json.is_file():
+        return {"ok": False, "error": (proc.stderr or proc.stdout)[-2000:]}
+    return {"ok": True, "command": " ".join(cmd[1:]), **json.loads(prof_json.read_text())}
+
+
 def ratios(v: dict) -> dict:
     """Every variant of ours over its peer (BF16 over torchtitan's, FP8 over torchao's blockwise) and
     each FP8 variant over our BF16 at the same micro-batch."""
@@ -278,9 +383,20 @@ def main() -> None:
     p.add_argument("--peer-first", action="store_true")
     p.add_argument("--attention-probe", action="store_true", help="time causal SDPA fwd+bwd first (seconds)")
     p.add_argument("--commit", default=None, help="the commit the working tree was sent at (default: git HEAD)")
+    p.add_argument("--profile", action="store_true", help="last: a torch.profiler summary of ours (profile.json/txt)")
+    p.add_argument("--profile-variant", default="ours-bf16")
+    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--profile-timeout", type=int, default=200)
+    p = sub.add_parser("profile", help="(internal) one run config under torch.profiler")
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=2)
     args = ap.parse_args()
     if args.command == "prepare":
         print(json.dumps(prepare(Path(args.out), args.tokens), indent=1))
+        return
+    if args.command == "profile":
+        profile_loop(Path(args.config), Path(args.out), args.steps)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -320,6 +436,11 @@ def main() -> None:
         write()
     if not args.peer_first:
         peers()
+    if args.profile:
+        try:
+            result["profile"] = run_profile(args)
+        except (subprocess.SubprocessError, OSError) as e:
+            result["profile"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
     write()
     for k, v in result["ratios"].items():
         print(f"{k}: {v:.3f}")

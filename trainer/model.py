@@ -257,6 +257,11 @@ class Transformer(nn.Module):
             sin = self.rope_sin[positions][:, None]
         x = self.model.embed_tokens(tokens)                                     # (B,T,D)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        if torch.is_autocast_enabled(x.device.type):
+            # the residual stream in the compute dtype (BF16 on GPU), as in a BF16 model (HF Qwen3,
+            # torchtitan's BF16 parameters): half the bytes of every residual add, norm input, saved
+            # activation and residual gradient; norms still compute in fp32
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         mask = None if doc_ids is None else document_mask(doc_ids)
         for block in self.model.layers:
             x = block(x, cos, sin, mask)

@@ -88,9 +88,12 @@ def is_matrix_role(role: str) -> bool:
 # The equations, one function each
 # --------------------------------------------------------------------------------------------
 
-def nesterov_momentum_(buf: torch.Tensor, grad: torch.Tensor, beta: float, nesterov: bool = True) -> torch.Tensor:
+def nesterov_momentum_(buf, grad, beta: float, nesterov: bool = True):
     """buf <- beta buf + (1 - beta) g; returns the Nesterov look-ahead (1 - beta) g + beta buf
-    (or buf itself without Nesterov). Works on stacks."""
+    (or a copy of buf without Nesterov). Works on stacks, and on lists of tensors (foreach kernels)."""
+    if isinstance(buf, (list, tuple)):
+        torch._foreach_lerp_(buf, grad, 1 - beta)
+        return torch._foreach_lerp(grad, buf, beta) if nesterov else [b.clone() for b in buf]
     buf.lerp_(grad, 1 - beta)
     return grad.lerp(buf, beta) if nesterov else buf.clone()
 
@@ -175,6 +178,14 @@ def write_full_(p: torch.Tensor, value: torch.Tensor) -> None:
         local.copy_(rows[rank])
 
 
+def _per_matrix(values: list[float], device: torch.device) -> float | torch.Tensor:
+    """A bucket's per-matrix setting (lr, weight decay): a Python float when all are equal (the usual
+    case: no host-to-device copy, which would wait for the GPU), else a (k, 1, 1) tensor."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1, 1)
+
+
 def _dp_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -207,6 +218,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
         self.ns_dtype, self.muon_scale, self.distribute = ns_dtype, muon_scale, distribute
         self.last_effective_lr: dict[str, list[float]] = {}
         self.measure = True                   # measure rho this step (a host sync; the loop turns it off)
+        self._radius_cache: dict[tuple[int, int], tuple[list[torch.Tensor], torch.Tensor]] = {}
         if rule == "muonh":
             self._init_radius()
 
@@ -245,6 +257,22 @@ class MatrixOptimizer(torch.optim.Optimizer):
         gather(gathered, mine.contiguous())
         return gathered[:k]
 
+    def _momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        st = self.state[p]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = torch.zeros_like(full(p.detach()), dtype=torch.float32)
+        return st["momentum_buffer"]
+
+    def _radii(self, shape: tuple[int, int], params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """The bucket's radii as one (k, 1, 1) device tensor, stacked once (R never changes; a
+        checkpoint load replaces the state tensors, so the cache holds and compares those tensors)."""
+        radii = [self.state[p]["radius"] for p in params]
+        cached = self._radius_cache.get(shape)
+        if cached is None or len(cached[0]) != len(radii) or any(a is not b for a, b in zip(cached[0], radii)):
+            cached = (radii, torch.stack([r.to(device) for r in radii]).view(-1, 1, 1))
+            self._radius_cache[shape] = cached
+        return cached[1]
+
     @torch.no_grad()
     def step(self, closure=None):
         if closure is not None:
@@ -258,33 +286,28 @@ class MatrixOptimizer(torch.optim.Optimizer):
                     buckets[tuple(p.shape)].append((g, p))
         for shape, items in buckets.items():
             params = [p for _, p in items]
-            grads = torch.stack([full(p.grad).float() for p in params])
-            bufs = []
-            for p in params:
-                st = self.state[p]
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = torch.zeros_like(full(p.detach()), dtype=torch.float32)
-                bufs.append(st["momentum_buffer"])
-            buf_stack = torch.stack(bufs)
             g0 = items[0][0]
-            m = nesterov_momentum_(buf_stack, grads, g0["momentum"], g0["nesterov"])
-            for b_src, b_new in zip(bufs, buf_stack.unbind(0)):
-                b_src.copy_(b_new)
-            u = self._orthogonalize(m)
+            bufs = [self._momentum_buffer(p) for p in params]
+            grads = [full(p.grad).float() for p in params]
+            # momentum in place on the buffers (one foreach kernel chain, no stack and copy back)
+            m = nesterov_momentum_(bufs, grads, g0["momentum"], g0["nesterov"])
+            u = self._orthogonalize(torch.stack(m))
             if self.rule == "muon" and self.muon_scale == "shape":
                 u = u * math.sqrt(max(1.0, shape[0] / shape[1]))
             W = torch.stack([full(p.detach()).float() for p in params])
-            lrs = torch.tensor([g["lr"] for g, _ in items], dtype=torch.float32, device=W.device).view(-1, 1, 1)
-            wds = torch.tensor([g["weight_decay"] for g, _ in items], dtype=torch.float32, device=W.device).view(-1, 1, 1)
+            lrs = _per_matrix([g["lr"] for g, _ in items], W.device)
+            wds = _per_matrix([g["weight_decay"] for g, _ in items], W.device)
             if self.rule == "muonh":
-                R = torch.stack([self.state[p]["radius"].to(W.device) for p in params]).view(-1, 1, 1)
-                W_new, disp = hyperball_update(W, u, lrs, R)
+                W_new, disp = hyperball_update(W, u, lrs, self._radii(shape, params, W.device))
             elif self.rule == "muon":
                 W_new, disp = muon_update(W, u, lrs, wds)
             else:
                 W_new, disp = elr_aligned_update(W, u, lrs, wds)
-            for (g, p), w_new in zip(items, W_new.unbind(0)):
-                write_full_(p, w_new)
+            if any(hasattr(p, "to_local") for p in params):
+                for p, w_new in zip(params, W_new.unbind(0)):
+                    write_full_(p, w_new)
+            else:
+                torch._foreach_copy_([p.detach() for p in params], list(W_new.unbind(0)))
             if self.measure:
                 for (g, _), r in zip(items, effective_lr(disp, W).tolist()):
                     self.last_effective_lr.setdefault(g["name"], []).append(r)
@@ -383,8 +406,10 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> CombinedOptimiz
         optimizers["matrix"] = MatrixOptimizer(
             matrix_groups, rule=cfg.matrix, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
             ns_coeffs=cfg.ns_coeffs, ns_dtype=cfg.ns_dtype, muon_scale=cfg.muon_scale, distribute=cfg.distribute_ns)
+    # fused (one kernel for all tensors) where every parameter is on CUDA, foreach elsewhere
+    on_cuda = all(p.device.type == "cuda" for g in adam_groups for p in g["params"])
     optimizers["adamw"] = torch.optim.AdamW(adam_groups, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                                            foreach=True)
+                                            **({"fused": True} if on_cuda else {"foreach": True}))
     return CombinedOptimizer(optimizers)
 
 

@@ -45,7 +45,7 @@ from trainer import checkpoint as ckpt
 from trainer.config import RunConfig
 from trainer.data import MicroBatch, SyntheticStream, TokenStream
 from trainer.flops import PEAKS, shape_from_config, throughput_report
-from trainer.loss import chunk_loss_and_grads, linear_cross_entropy_sum
+from trainer.loss import DEFAULT_CHUNK_TOKENS, chunk_loss_and_grads, linear_cross_entropy_sum
 from trainer.model import ModelConfig, Transformer, build_model, count_params
 from trainer.optim import build_optimizer
 from trainer.schedules import lr_at, resolve_schedule
@@ -216,7 +216,7 @@ class LossModel(torch.nn.Module):
     under `compile: true`."""
 
     def __init__(self, model: Transformer, use_doc_mask: bool = False, chunk_fn=chunk_loss_and_grads,
-                 chunk_tokens: int = 8192):
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS):
         super().__init__()
         self.model = model
         self.use_doc_mask = use_doc_mask
