@@ -152,6 +152,9 @@ def test_demo_stages_on_s3_give_the_local_hashes(tmp_path, s3_server):
         for name in ("web", "notes"):
             a = Component.open(storage.join(local["cfg"].output, stage, name))
             b = Component.open(storage.join(remote["cfg"].output, stage, name), verify_hashes=True)
+            ta, tb = a.read(), b.read()
+            assert tb.schema.equals(ta.schema, check_metadata=True), (stage, name, ta.schema, tb.schema)
+            assert [c for c in ta.column_names if not ta.column(c).equals(tb.column(c))] == [], (stage, name)
             assert _file_hashes(b) == _file_hashes(a), (stage, name)
             assert b.manifest.n_docs == a.manifest.n_docs and b.manifest.columns == a.manifest.columns
     assert sorted(remote["sets"]) == sorted(local["sets"]) == ["eval", "p1-uniform"]
