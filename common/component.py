@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from pydantic import BaseModel, ConfigDict
 
 from common import storage
+from common.config import StrictModel
 from common.document import DOCUMENT_SCHEMA_VERSION, schema_problems
 from common.errors import ContractError
 from common.hashing import sha256_file
@@ -26,8 +26,7 @@ from common.manifest import MANIFEST_NAME, RunManifest
 COMPONENT_SCHEMA = "component/1"
 
 
-class ComponentFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ComponentFile(StrictModel):
     path: str          # relative to the component directory
     n_rows: int
     n_bytes: int

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from common import atomic, storage
+from common.config import StrictModel, validate
 from common.errors import ContractError
 from common.hashing import config_hash, fingerprint
 from common.version import code_version
@@ -34,8 +35,7 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-class InputFingerprint(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class InputFingerprint(StrictModel):
     path: str
     kind: str
     digest: str
@@ -43,10 +43,9 @@ class InputFingerprint(BaseModel):
     n_bytes: int
 
 
-class RunManifest(BaseModel):
+class RunManifest(StrictModel):
     """Fields shared by every manifest. Subclasses set SCHEMA and add their own fields."""
 
-    model_config = ConfigDict(extra="forbid")
     SCHEMA: ClassVar[str] = "run/1"
 
     schema_: str = Field(alias="schema")
@@ -93,12 +92,7 @@ class RunManifest(BaseModel):
         got = raw.get("schema")
         if got != cls.SCHEMA:
             raise ContractError(path, f"schema is {got!r}, this reader expects {cls.SCHEMA!r}", field="schema")
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"])
-            raise ContractError(path, f"{err['msg']} (input: {err.get('input')!r:.80})", field=field) from None
+        return validate(cls, raw, path)
 
 
 def fingerprints(paths: list[str | os.PathLike], content: bool = True) -> list[InputFingerprint]:

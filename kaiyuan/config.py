@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from common import storage
 from common.config import StrictModel
@@ -35,11 +35,7 @@ RUN_CONFIG_VERSION = 1
 SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SparkConfig(_Strict):
+class SparkConfig(StrictModel):
     """Session settings. Under spark-submit the master and driver memory come from its command
     line; `python -m kaiyuan` starts `local[*]` with memory sized to the machine unless set here."""
 
@@ -51,7 +47,7 @@ class SparkConfig(_Strict):
     conf: dict[str, str] = {}                    # any other spark.* setting
 
 
-class SourceConfig(_Strict):
+class SourceConfig(StrictModel):
     """One raw source: files or directories (globs allowed) of one format."""
 
     name: str = Field(pattern=SOURCE_NAME_PATTERN)
@@ -66,7 +62,7 @@ class SourceConfig(_Strict):
     source_revision: Optional[str] = None
 
 
-class IngestConfig(_Strict):
+class IngestConfig(StrictModel):
     max_text_bytes: int = Field(16 * 2**20, gt=0)    # larger documents are quarantined ("too_large")
     split_bytes: int = Field(128 * 2**20, gt=0)      # uncompressed jsonl files are read in byte ranges of this size
     target_file_mb: float = Field(128.0, gt=0)
@@ -159,7 +155,7 @@ class DedupConfig(StrictModel):
 
 # ---- annotators (the score job): a small registry of node types, selected by `type` ----------
 
-class _AnnotatorBase(_Strict):
+class _AnnotatorBase(StrictModel):
     sources: Optional[list[str]] = None          # None: every source
 
 
@@ -229,13 +225,13 @@ def default_annotators() -> list[Any]:
     ]
 
 
-class ScoreConfig(_Strict):
+class ScoreConfig(StrictModel):
     annotators: list[AnnotatorConfig] = Field(default_factory=default_annotators)
     rows_per_partition: int = Field(5000, ge=1)  # parallelism of the (per-document Python) annotators
     input_dir: Optional[str] = None              # default <output>/dedup
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     version: Literal[1] = RUN_CONFIG_VERSION
     output: str
     spark: SparkConfig = SparkConfig()
@@ -265,7 +261,7 @@ class RunConfig(_Strict):
 
 # ---- train-classifier ----------------------------------------------------------------------
 
-class LabelledInput(_Strict):
+class LabelledInput(StrictModel):
     """Files (jsonl[.gz|.zst], parquet, HF saved datasets) or component directories."""
 
     paths: list[str] = Field(min_length=1)
@@ -274,7 +270,7 @@ class LabelledInput(_Strict):
     max_docs: Optional[int] = Field(None, ge=1)
 
 
-class FastTextParams(_Strict):
+class FastTextParams(StrictModel):
     """fastText supervised training parameters. `bucket` is kept small by default: fastText's own
     default (2M) makes a 250 MB model with word n-grams."""
 
@@ -291,7 +287,7 @@ class FastTextParams(_Strict):
     seed: int = 0
 
 
-class TrainClassifierConfig(_Strict):
+class TrainClassifierConfig(StrictModel):
     version: Literal[1] = 1
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
     output: str                                  # model file (.bin, or .ftz with quantize)

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from common import atomic
+from common.config import StrictModel
 from common.errors import ContractError
 from common.log import get_logger
 from common.manifest import find_complete, fingerprints
@@ -54,10 +55,10 @@ SFT_SCHEMA = "sft/1"
 PAD_DOC = "<pad>"
 
 
-class SftConfig(BaseModel):
+class SftConfig(StrictModel):
     """`python -m mixtures sft` config."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
     schema_: Literal["sft/1"] = Field(default=SFT_SCHEMA, alias="schema")
     name: str = "sft"
     tokenizer: TokenizerSpec

