@@ -19,14 +19,19 @@ export TOKENIZERS_PARALLELISM=false
 export PYSPARK_PYTHON=$(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
 
-.PHONY: demo test test-slow test-gpu setup check-java clean-demo system-packages
+.PHONY: demo test test-slow test-gpu setup check-java clean-demo system-packages lint
 .PHONY: teacher-env vllm-env llamacpp-env
 
 demo: setup teacher-env
 	$(PY) -m demo $(DEMO_ARGS)
 
-test: setup system-packages
+test: setup system-packages lint
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# pyflakes over the code (not the tests, whose fixtures are imported for pytest): any report fails
+LINTED := common kaiyuan mixtures proxy_eval trainer synth demo benchmarks
+lint: setup
+	$(PY) -m pyflakes $(LINTED)
 
 # Debian packages the tests use: the text-to-SQL tests start throwaway PostgreSQL and MariaDB servers
 # (tests/synth/domains/sql_servers.py) and common.sandbox isolates code with bubblewrap. Installed when

@@ -15,6 +15,7 @@ what this stage shows (every rejection is in each run's rejects.jsonl with its s
 from __future__ import annotations
 
 import asyncio
+import importlib
 from typing import Any
 
 from demo.synth_stage import release_teacher, shared_teacher
@@ -66,8 +67,8 @@ def _acceptance(m: Any) -> dict[str, dict[str, Any]]:
 
 
 def run(ctx: Any) -> dict[str, Any]:
-    import synth.domains.text_to_sql  # noqa: F401  (registers the sources and steps)
-    import synth.domains.tool_use  # noqa: F401
+    for domain in ("text_to_sql", "tool_use"):          # importing them registers their sources and steps
+        importlib.import_module(f"synth.domains.{domain}")
     from synth.engine import run_async
 
     out = ctx.stage_dir()

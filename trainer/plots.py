@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.schedules import (ConstantSchedule, CosineSchedule, HoldSchedule, LinearSchedule, PowerSchedule,
-                               WSDSchedule, cosine, cma_continuation, lr_at, phase2_linear, power, wsd)
+from trainer.schedules import HoldSchedule, LinearSchedule, cma_continuation, cosine, lr_at, phase2_linear, power, wsd
 
 
 def _plt():

@@ -15,6 +15,7 @@ model to `kaiyuan.config.AnnotatorConfig`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional
@@ -61,8 +62,8 @@ class Annotator(ABC):
 
 
 def build(config: Any) -> Annotator:
-    # importing the modules registers their classes
-    from kaiyuan.annotators import datatrove_filters, fasttext_models, tokens  # noqa: F401
+    for module in ("datatrove_filters", "fasttext_models", "tokens"):     # importing them registers their classes
+        importlib.import_module(f"kaiyuan.annotators.{module}")
 
     try:
         cls = REGISTRY[config.type]
