@@ -72,11 +72,6 @@ def meta_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
 
 
-def meta_from_record(record: dict[str, Any], exclude: Iterable[str]) -> list[tuple[str, str]]:
-    skip = set(exclude)
-    return [(k, meta_value(v)) for k, v in record.items() if k not in skip]
-
-
 def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
     if actual.equals(expected):
         return True

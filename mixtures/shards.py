@@ -32,7 +32,7 @@ Integrity on the default read path (no full re-hash needed):
 Sets written before block checksums (no `block_bytes` on their shards, no `manifest_digest`) are
 still read: with a warning, their token ids checked against the vocabulary only.
 
-One writer (`ShardFileWriter` + `write_manifest`), one reader (`ShardSet.open`; the training
+One writer (`ShardFileWriter` per file, `build_manifest` + `ShardManifest.write` for the set), one reader (`ShardSet.open`; the training
 iterator on top of it lives in `mixtures.reader`).
 """
 

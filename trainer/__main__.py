@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -26,7 +27,7 @@ def cmd_train(args) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     summary = train(cfg, allow_config_change=tuple(args.allow_config_change))
-    if summary and int(__import__("os").environ.get("RANK", "0")) == 0:
+    if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: summary[k] for k in ("run_dir", "step", "tokens_seen", "eval_loss", "checkpoint")}))
     return 0
 

@@ -36,11 +36,6 @@ def _compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
-def resolve_backend(recipe: Fp8Recipe, x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
-    """(backend, quantizer) actually used for this call (see :func:`_resolve`)."""
-    return _resolve(recipe.backend, recipe.quantizer, x, weight)
-
-
 def _resolve(backend_pref: str, quantizer_pref: str, x: torch.Tensor, weight: torch.Tensor) -> tuple[str, str]:
     """(backend, quantizer) for this call, from plain strings, so that ``torch.compile`` resolves it
     at trace time without touching the (pydantic) recipe object."""
