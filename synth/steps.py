@@ -171,7 +171,7 @@ class Generate(Step):
         samples = await asyncio.gather(*(self.sample(row, role, msgs, i) for i in range(self.cfg.n)))
         cands = row.candidates.setdefault(self.cfg.field, [])
         p = self.cfg.params
-        kept = 0
+        made = []
         for res, seed, why in samples:
             c = Candidate(
                 field=self.cfg.field, index=len(cands), text=(self.cfg.prefill or "") + with_reasoning(res.content, res.reasoning),
@@ -181,11 +181,9 @@ class Generate(Step):
                          "seed": seed, "logprobs_mode": tcfg.logprobs_mode, "precision": tcfg.precision,
                          "reasoning_field": res.reasoning_field})
             cands.append(c)
-            if why:
-                self.reject(row, c, f"json_schema: {why}")
-            else:
-                kept += 1
-        self.count(row, len(samples), kept)
+            made.append((c, why))
+        schema_problem = {id(c): why for c, why in made}
+        await self.keep(row, [c for c, _ in made], lambda c: schema_problem[id(c)] and f"json_schema: {schema_problem[id(c)]}")
 
 
 @register_step("parse_reasoning")
