@@ -161,7 +161,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mask is None:
             if q.is_cuda and self.n_heads != self.n_kv_heads:
-                # cuDNN's fused attention (the fastest on Hopper) takes no grouped heads: expand them
+                # KV heads expanded for cuDNN's fused attention (what the loop's figures measured); a probe
+                # on torch 2.11 / cuDNN 9.19 timed grouped heads 11% faster (benchmarks/RESULTS.md, issue 15)
                 rep = self.n_heads // self.n_kv_heads
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
