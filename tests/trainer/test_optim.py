@@ -75,6 +75,32 @@ def test_nesterov_momentum_matches_the_recurrence():
     torch.testing.assert_close(buf, 0.9 * 0.1 * g1 + 0.1 * g2)
 
 
+def test_nesterov_momentum_on_lists_equals_the_stack_form():
+    """The optimizer steps the momentum buffers in place as a list (foreach); same numbers as a stack."""
+    g = torch.Generator().manual_seed(3)
+    bufs, grads = [torch.randn(4, 5, generator=g) for _ in range(3)], [torch.randn(4, 5, generator=g) for _ in range(3)]
+    stack = torch.stack(bufs)
+    for nesterov in (True, False):
+        want = nesterov_momentum_(stack, torch.stack(grads), 0.95, nesterov)
+        got = nesterov_momentum_(bufs, grads, 0.95, nesterov)
+        torch.testing.assert_close(torch.stack(got), want)
+        torch.testing.assert_close(torch.stack(bufs), stack)
+
+
+def test_groups_with_different_rates_in_one_shape_bucket():
+    """Matrices of one shape from groups at different learning rates share one Newton-Schulz stack;
+    each still moves at its own group's rate (MuonH: measured rho = eta)."""
+    g = torch.Generator().manual_seed(4)
+    a, b = (torch.nn.Parameter(torch.randn(6, 4, generator=g)) for _ in range(2))
+    opt = MatrixOptimizer([dict(params=[a], name="fast", lr=0.2), dict(params=[b], name="slow", lr=0.01)])
+    radius = [a.detach().norm().item(), b.detach().norm().item()]
+    a.grad, b.grad = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    opt.step()
+    assert opt.last_effective_lr["fast"][0] == pytest.approx(0.2, rel=1e-5)
+    assert opt.last_effective_lr["slow"][0] == pytest.approx(0.01, rel=1e-5)
+    assert [a.detach().norm().item(), b.detach().norm().item()] == pytest.approx(radius, rel=1e-6)
+
+
 def test_hyperball_update_is_eq1():
     g = torch.Generator().manual_seed(1)
     W, u = torch.randn(1, 8, 6, generator=g, dtype=torch.float64), torch.randn(1, 8, 6, generator=g, dtype=torch.float64)
