@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from common import storage
 from common.errors import ContractError
@@ -57,13 +58,8 @@ def describe(name: str, m: ShardManifest, max_rows: int = 40) -> list[str]:
 
 def plot_composition(name: str, m: ShardManifest, path: Path) -> Path:
     """Stacked bars: each component's share of every segment."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     comps = sorted({c for s in m.segments for c in s.tokens_by_component})
-    fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(m.segments) + 3), 3.6))
+    fig, ax = _pyplot().subplots(figsize=(max(6, 0.25 * len(m.segments) + 3), 3.6))
     bottom = [0.0] * len(m.segments)
     x = list(range(len(m.segments)))
     for c in comps:
@@ -72,25 +68,13 @@ def plot_composition(name: str, m: ShardManifest, path: Path) -> Path:
         bottom = [b + v for b, v in zip(bottom, share)]
     ax.set_xticks(x[:: max(1, len(x) // 16)], [m.segments[i].name for i in x[:: max(1, len(x) // 16)]], rotation=45)
     ax.set_ylabel("share of segment tokens")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"{name}: component share per segment")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, f"{name}: component share per segment", legend_size=7)
 
 
 def plot_rank_profiles(manifests: dict[str, ShardManifest], path: Path) -> Path:
     """Mean within-component rank along each stream (segments in stream order, x = fraction of the
     stream's tokens at the segment's middle), one line per set and component."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _pyplot().subplots(figsize=(7, 4))
     styles = ["-", "--", ":", "-."]
     for si, (name, m) in enumerate(manifests.items()):
         total = max(m.n_tokens, 1)
@@ -109,13 +93,27 @@ def plot_rank_profiles(manifests: dict[str, ShardManifest], path: Path) -> Path:
     ax.plot([0, 1], [0, 1], color="grey", lw=0.5)
     ax.set_xlabel("position in the stream (fraction of tokens)")
     ax.set_ylabel("mean within-component rank")
+    return _save(fig, ax, path, "curriculum vs uniform: mean within-component rank", legend_size=6)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, ax: Any, path: Path, title: str, legend_size: int) -> Path:
+    """Shares on [0, 1], the legend beside the axes, written as PNG."""
     ax.set_ylim(0, 1)
-    ax.set_title("curriculum vs uniform: mean within-component rank")
-    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
