@@ -273,7 +273,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
             with sw("candidates"):
                 pair_counts["candidate_pairs"] = pairs.count()
-            sized.unpersist()
+            cached += [sized, pairs]
             ends = pairs.select(F.col("src").alias("node")).unionByName(pairs.select(F.col("dst").alias("node"))).distinct()
             texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
             sets = (texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
@@ -285,8 +285,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
                     .persist(StorageLevel.MEMORY_AND_DISK))
             with sw("verify"):
                 pair_counts["verified_pairs"] = near.count()
-            pairs.unpersist()
-            sets.unpersist()
+            cached.append(sets)
             log.info("dedup: %d candidate pairs, %d with exact Jaccard >= %.2f (%.1fs + %.1fs)",
                      pair_counts["candidate_pairs"], pair_counts["verified_pairs"], threshold,
                      sw.timings_s["candidates"], sw.timings_s["verify"])
@@ -346,10 +345,6 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             F.sum((F.col("keep") & (F.col("_size") > 1)).cast("long")).alias("clusters"),
             F.max("_size").alias("largest_cluster"),
         ).collect()}
-    keyed.unpersist()
-    for df in cached:
-        df.unpersist()
-
     # ---- 7. write one component per source ----------------------------------------------------
     out: dict[str, ComponentManifest] = {}
     for n in names:
@@ -392,7 +387,9 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
                  counts["docs_in"], counts["docs_out"], counts["removed_exact"], counts["removed_near"],
                  counts["clusters"], counts["largest_cluster"])
         out[n] = manifest
-    assigned.unpersist()
+    # only now: unpersisting a cached parent makes Spark drop and recompute its cached children
+    for df in [assigned, *cached, keyed]:
+        df.unpersist()
     return out
 
 
