@@ -68,9 +68,22 @@ def read_parquet(spark, files: list) -> Any:
         return spark.read.parquet(*paths)
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    schema = storage.parquet_file(paths[0]).schema_arrow
-    return (spark.range(0, len(paths), 1, numPartitions=len(paths))
-            .mapInArrow(_file_reader(paths), from_arrow_schema(schema)))
+    schema = _as_nullable(from_arrow_schema(storage.parquet_file(paths[0]).schema_arrow))
+    return spark.range(0, len(paths), 1, numPartitions=len(paths)).mapInArrow(_file_reader(paths), schema)
+
+
+def _as_nullable(dt):
+    """Every field, element and value nullable, as Spark's own parquet reader makes them (so what
+    is written back has the same schema, and bytes, as after `spark.read.parquet`)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dt, T.StructType):
+        return T.StructType([T.StructField(f.name, _as_nullable(f.dataType), True, f.metadata) for f in dt.fields])
+    if isinstance(dt, T.ArrayType):
+        return T.ArrayType(_as_nullable(dt.elementType), True)
+    if isinstance(dt, T.MapType):
+        return T.MapType(_as_nullable(dt.keyType), _as_nullable(dt.valueType), True)
+    return dt
 
 
 def _file_reader(paths: list[str]):
