@@ -24,7 +24,6 @@ Each stage counts what it kept, so the run manifest shows the acceptance of ever
 from __future__ import annotations
 
 import abc
-import functools
 import os
 import random
 import re
@@ -38,8 +37,8 @@ from common.hashing import stable_id
 from common.records import Verification
 from synth.checkpool import CheckTimeout
 from synth.domains import sql_validate as sv
-from synth.domains.postgres_execute import execute_in_postgres
 from synth.domains.seeds import load_sql_taxonomy
+from synth.domains.sql_engines import results_match
 from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
 from synth.steps import JudgeParams, RubricCfg, score_rubric
 from synth.verify import Outcome, register_verifier
@@ -324,23 +323,15 @@ class SqlDistractors(_SqlCheck):
         return sv.Check("distractors", True, f"{len(d_tables)} tables and {len(d_cols)} columns injected, none referenced")
 
 
-def _on_postgres(query: str, ddl: str, rows_sql: str, dialect: str, *, dsn: str, min_rows: int,
-                 timeout_s: float) -> sv.ExecutionResult:
-    return execute_in_postgres(query, ddl, rows_sql, dsn, min_rows=min_rows, timeout_s=timeout_s)
-
-
 def execute_sample(dialect: str, parsed: dict[str, Any], min_rows: int, timeout_s: float, unsupported: str,
-                   postgres_dsn: str | None) -> tuple[sv.Check, dict[str, Any] | None]:
+                   dsn: str | None) -> tuple[sv.Check, dict[str, Any] | None]:
     """(execution check, execution result) of a sample's gold query (run in the check pool; a
-    PostgreSQL sample runs on the server at `postgres_dsn` when one is given)."""
-    executor = None
-    if dialect == "postgres" and postgres_dsn:
-        executor = functools.partial(_on_postgres, dsn=postgres_dsn, min_rows=min_rows, timeout_s=timeout_s)
+    PostgreSQL or MySQL sample runs on the server at `dsn` when one is given)."""
     verdict = sv.validate_sql_sample(
         dialect=dialect, ddl=parsed["ddl"], rows_sql=parsed["rows_sql"], query=parsed["sql"],
         visible_ddl=parsed["visible_ddl"], distractor_tables=parsed["distractor_tables"],
         distractor_columns=[sv.DistractorColumn(**d) for d in parsed["distractor_columns"]],
-        min_rows=min_rows, timeout_s=timeout_s, unsupported=unsupported, executor=executor)
+        min_rows=min_rows, timeout_s=timeout_s, unsupported=unsupported, dsn=dsn)
     execution = verdict.execution.to_dict() if verdict.execution else None
     ran = next((ch for ch in verdict.checks if ch.name == "execution"), None)
     if ran is None:        # an earlier check failed inside the full validation: report it
@@ -357,15 +348,20 @@ class SqlExecute(_SqlCheck):
         min_rows: int = 1
         timeout_s: float = 5.0
         unsupported: str = "reject"          # reject | accept: a query SQLite cannot judge
-        # an environment variable holding a DSN: when it is set, PostgreSQL samples run on that real
-        # server; when it is not, they are transpiled to SQLite (the record's execution says which)
+        # environment variables holding a DSN per dialect: when one is set, that dialect's samples run
+        # on that real server; when not, they are transpiled to SQLite (the record's execution says which)
         postgres_dsn_env: str | None = "SYNTH_PG_DSN"
+        mysql_dsn_env: str | None = "SYNTH_MYSQL_DSN"
+
+    def dsn(self, dialect: str) -> str | None:
+        var = {"postgres": self.cfg.postgres_dsn_env, "mysql": self.cfg.mysql_dsn_env}.get(dialect)
+        return (os.environ.get(var) or None) if var else None
 
     async def verdict(self, row: Row, c: Candidate) -> sv.Check:
         try:
             chk, c.parsed["execution"] = await self.check(
                 execute_sample, row.fields["dialect"], c.parsed, self.cfg.min_rows, self.cfg.timeout_s,
-                self.cfg.unsupported, os.environ.get(self.cfg.postgres_dsn_env) if self.cfg.postgres_dsn_env else None,
+                self.cfg.unsupported, self.dsn(row.fields["dialect"]),
                 timeout_s=self.cfg.timeout_s + 30)
         except CheckTimeout as e:
             c.parsed["execution"] = {"status": "timeout", "error": str(e)}
@@ -460,5 +456,5 @@ def verify_sql(response: str, reference: Any, row: dict[str, Any]) -> Outcome:
     if not got.ok and got.status != "empty":
         return Outcome(False, 0.0, f"query {got.status}: {got.error}"[:300], query)
     want = sv.execute_in_sqlite(str(reference), row["ddl"], row["rows_sql"], dialect, min_rows=0)
-    ok = got.result_sha256 == want.result_sha256 and want.status in ("ok", "empty")
+    ok = want.status in ("ok", "empty") and results_match(got, want)       # ORDER BY decides if order counts
     return Outcome(ok, float(ok), "" if ok else f"result differs from the reference ({got.n_rows} vs {want.n_rows} rows)", query)

@@ -140,3 +140,30 @@ def test_teacher_answer_parsing():
     assert parse_task_answer("Request: How many?\n```sql\nSELECT 1;\n```") == ("How many?", "SELECT 1")
     with pytest.raises(ValueError, match="no 'Request:'"):
         parse_task_answer("```sql\nSELECT 1\n```")
+
+
+def test_sql_verifier_for_pass_rate_compares_order_only_when_the_reference_orders():
+    from synth.domains.text_to_sql import verify_sql
+
+    row = {"dialect": "sqlite", "ddl": "CREATE TABLE t (id INTEGER, name TEXT);",
+           "rows_sql": "INSERT INTO t VALUES (1, 'b'), (2, 'a'), (3, NULL);"}
+    unordered = "SELECT name FROM t"
+    assert verify_sql("```sql\nSELECT name FROM t ORDER BY id DESC\n```", unordered, row).passed   # same multiset
+    ordered = "SELECT name FROM t ORDER BY id"
+    assert verify_sql("SELECT name FROM t ORDER BY id", ordered, row).passed
+    assert not verify_sql("SELECT name FROM t ORDER BY id DESC", ordered, row).passed           # order asked, differs
+    assert not verify_sql("SELECT name FROM t WHERE name IS NOT NULL", unordered, row).passed    # NULL row missing
+
+
+def test_sql_execute_takes_each_dialects_server_from_its_own_variable(monkeypatch):
+    from synth.domains.text_to_sql import SqlExecute
+
+    step = SqlExecute.__new__(SqlExecute)
+    step.cfg = SqlExecute.Config()
+    monkeypatch.setenv("SYNTH_PG_DSN", "postgresql://pg@127.0.0.1/x")
+    monkeypatch.setenv("SYNTH_MYSQL_DSN", "mysql://my@127.0.0.1/x")
+    assert step.dsn("postgres").startswith("postgresql://")
+    assert step.dsn("mysql").startswith("mysql://")
+    assert step.dsn("sqlite") is None
+    monkeypatch.delenv("SYNTH_MYSQL_DSN")
+    assert step.dsn("mysql") is None
