@@ -32,6 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from common import atomic
+from common.sandbox import isolation_status
 from common.config import load_config
 from common.errors import ContractError
 from common.hashing import canonical_json, config_hash
@@ -65,6 +66,7 @@ class SynthRunManifest(RunManifest):
     throughput: dict[str, float] = {}
     errors: dict[str, Any] = {}
     run_identity: str = ""              # config hash without endpoints/concurrency (what resume matches)
+    sandbox: dict[str, str] = {}        # the isolation generated code ran under (common.sandbox)
 
 
 # Where a teacher is served and how hard the client pushes do not change any answer (requests are
@@ -512,7 +514,7 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
                     "records_per_s": round(new_records / gen_s, 3) if gen_s > 0 else 0.0,
                     "completion_tokens_per_s": round(live_completion / gen_s, 3) if gen_s > 0 else 0.0},
         errors={"prompts_failed": len(gen.errors), "examples": gen.errors[:5]},
-        outputs=outputs.files,
+        outputs=outputs.files, sandbox=isolation_status(),
     )
     if outputs.complete:
         manifest.write(out)
