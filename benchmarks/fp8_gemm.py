@@ -173,6 +173,20 @@ def quant_bandwidth() -> list[dict]:
     return rows
 
 
+def _row(r: dict, columns: list[tuple[str, str]]) -> str:
+    """One markdown table row: each (key, format) cell of `r`, '–' where the key is missing."""
+    return "| " + " | ".join(fmt.format(r[key]) if key in r else "–" for key, fmt in columns) + " |"
+
+
+CASE_COLUMNS = [("preset", "{}"), ("layers", "{}"), ("M", "{}"), ("K", "{}"), ("N", "{}"), ("bf16_tflops", "{:.0f}"),
+                ("fp8_gemm_tflops", "{:.0f}"), ("fp8_fwd_tflops", "{:.0f}"), ("speedup_gemm", "{:.2f}"),
+                ("bf16_step_tflops", "{:.0f}"), ("fp8_step_triton_tflops", "{:.0f}"), ("fp8_step_torch_tflops", "{:.0f}"),
+                ("speedup_step", "{:.2f}")]
+QUANT_COLUMNS = [("M", "{}"), ("K", "{}"), ("copy_GBps", "{:.0f}"), ("triton_dual_ms", "{:.3f}"),
+                 ("triton_dual_GBps", "{:.0f}"), ("triton_row_ms", "{:.3f}"), ("torch_eager_dual_ms", "{:.3f}"),
+                 ("torch_compiled_dual_ms", "{:.3f}"), ("torch_compiled_dual_GBps", "{:.0f}")]
+
+
 def markdown(info: dict, cases: list[dict], quant: list[dict]) -> str:
     lines = [
         f"GPU {info['gpu']} (sm{info['capability']}), torch {info['torch']}, CUDA {info['cuda']}, "
@@ -181,26 +195,11 @@ def markdown(info: dict, cases: list[dict], quant: list[dict]) -> str:
         "| preset | linear(s) | M | K | N | BF16 | FP8 GEMM | FP8 fwd (quant+GEMM) | x BF16 (GEMM) | BF16 fwd+bwd | FP8 fwd+bwd (Triton q) | FP8 fwd+bwd (torch q) | x BF16 (fwd+bwd) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in cases:
-        def f(key, fmt="{:.0f}"):
-            return fmt.format(c[key]) if key in c else "–"
-
-        lines.append(
-            f"| {c['preset']} | {c['layers']} | {c['M']} | {c['K']} | {c['N']} | {f('bf16_tflops')} | {f('fp8_gemm_tflops')} | "
-            f"{f('fp8_fwd_tflops')} | {f('speedup_gemm', '{:.2f}')} | {f('bf16_step_tflops')} | {f('fp8_step_triton_tflops')} | "
-            f"{f('fp8_step_torch_tflops')} | {f('speedup_step', '{:.2f}')} |"
-        )
+    lines += [_row(c, CASE_COLUMNS) for c in cases]
     lines += ["", "Quantization (x: M x K BF16 -> row copy + transposed copy, pow2 scales):", "",
               "| M | K | copy GB/s | Triton dual ms | Triton dual GB/s | Triton row-only ms | torch eager ms | torch compiled ms | torch compiled GB/s |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for r in quant:
-        def g(key, fmt="{:.3f}"):
-            return fmt.format(r[key]) if key in r else "–"
-
-        lines.append(
-            f"| {r['M']} | {r['K']} | {g('copy_GBps', '{:.0f}')} | {g('triton_dual_ms')} | {g('triton_dual_GBps', '{:.0f}')} | "
-            f"{g('triton_row_ms')} | {g('torch_eager_dual_ms')} | {g('torch_compiled_dual_ms')} | {g('torch_compiled_dual_GBps', '{:.0f}')} |"
-        )
+    lines += [_row(r, QUANT_COLUMNS) for r in quant]
     return "\n".join(lines) + "\n"
 
 

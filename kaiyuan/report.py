@@ -46,13 +46,7 @@ def table_lines(summary: dict[str, Any]) -> list[str]:
                          f"{c.get('largest_cluster', 0):>7}")
         if "score" in st:
             lines.append(f"{source:<10} {'score':<7} {st['score']['counts'].get('docs', 0):>9} {st['score']['n_docs']:>9}")
-    reasons = {s: st["ingest"]["counts"].get("quarantine_reasons") for s, st in summary.items()
-               if "ingest" in st and st["ingest"]["counts"].get("quarantine_reasons")}
-    if reasons:
-        lines.append("")
-        lines.append("quarantine reasons:")
-        for s in sorted(reasons):
-            lines.append(f"  {s:<10} " + ", ".join(f"{k} {v}" for k, v in reasons[s].items()))
+    lines += _per_source(summary, "ingest", "quarantine_reasons", "quarantine reasons:")
     filt = [(s, f, v) for s, st in sorted(summary.items()) if "score" in st
             for f, v in sorted(st["score"]["counts"].get("filters", {}).items())]
     if filt:
@@ -71,11 +65,15 @@ def table_lines(summary: dict[str, Any]) -> list[str]:
             q = v.get("quantiles", {})
             lines.append(f"{s:<10} {'quality.' + f:<20} {v['mean']:>6.3f} {q.get('p10', 0):>6.3f} {q.get('p50', 0):>6.3f} "
                          f"{q.get('p90', 0):>6.3f}")
-    langs = {s: st["score"]["counts"].get("languages") for s, st in summary.items()
-             if "score" in st and st["score"]["counts"].get("languages")}
-    if langs:
-        lines.append("")
-        lines.append("languages (top 3):")
-        for s in sorted(langs):
-            lines.append(f"  {s:<10} " + ", ".join(f"{k} {v}" for k, v in _by_count(langs[s])[:3]))
+    lines += _per_source(summary, "score", "languages", "languages (top 3):", top=3)
     return lines
+
+
+def _per_source(summary: dict, stage: str, key: str, heading: str, top: int | None = None) -> list[str]:
+    """A heading and one line per source of a stage's `counts[key]` mapping (its `top` largest)."""
+    found = {s: st[stage]["counts"][key] for s, st in summary.items() if stage in st and st[stage]["counts"].get(key)}
+    if not found:
+        return []
+    return ["", heading] + [f"  {s:<10} " + ", ".join(f"{k} {v}" for k, v in
+                                                     (_by_count(found[s])[:top] if top else found[s].items()))
+                            for s in sorted(found)]

@@ -122,24 +122,22 @@ POST_STEPS: dict[str, type["PostStep"]] = {}
 SOURCES: dict[str, Callable[..., Iterable[dict[str, Any]]]] = {}
 
 
-def register_step(kind: str) -> Callable[[type["Step"]], type["Step"]]:
-    def deco(cls: type[Step]) -> type[Step]:
-        if kind in STEPS and STEPS[kind] is not cls:
-            raise ValueError(f"step kind {kind!r} is already registered by {STEPS[kind].__module__}")
+def _registrar(registry: dict[str, type], what: str, kind: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        if kind in registry and registry[kind] is not cls:
+            raise ValueError(f"{what} kind {kind!r} is already registered by {registry[kind].__module__}")
         cls.kind = kind
-        STEPS[kind] = cls
+        registry[kind] = cls
         return cls
     return deco
+
+
+def register_step(kind: str) -> Callable[[type["Step"]], type["Step"]]:
+    return _registrar(STEPS, "step", kind)
 
 
 def register_post_step(kind: str) -> Callable[[type["PostStep"]], type["PostStep"]]:
-    def deco(cls: type[PostStep]) -> type[PostStep]:
-        if kind in POST_STEPS and POST_STEPS[kind] is not cls:
-            raise ValueError(f"post step kind {kind!r} is already registered")
-        cls.kind = kind
-        POST_STEPS[kind] = cls
-        return cls
-    return deco
+    return _registrar(POST_STEPS, "post step", kind)
 
 
 def register_source(kind: str) -> Callable[[Callable[..., Iterable[dict[str, Any]]]], Callable[..., Iterable[dict[str, Any]]]]:
