@@ -38,6 +38,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._results import save  # noqa: E402
+
 from synth.backends import CachedBackend, HttpBackend  # noqa: E402
 from synth.cache import ResponseCache  # noqa: E402
 from synth.checkpool import check_pool  # noqa: E402
@@ -170,10 +172,7 @@ def main() -> int:
     res.update(requests=args.requests, concurrency=args.concurrency, cores=os.cpu_count(),
                loadavg_1m_before=round(load_before[0], 2), loadavg_1m_after=round(os.getloadavg()[0], 2))
     res["client_vs_raw_wall"] = round(res["client"]["wall_rps"] / res["raw_aiohttp"]["wall_rps"], 3)  # type: ignore[index]
-    out = REPO / "benchmarks" / "_work"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "synth_client.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    save("synth_client", res)
     return 0
 
 

@@ -12,7 +12,6 @@ Both runs start from an empty cache.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -22,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks._results import save  # noqa: E402
 
 from synth.engine import load_generator, run  # noqa: E402
 from synth.fakeserver import FakeOpenAIServer  # noqa: E402
@@ -75,10 +76,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
-    out = REPO / "benchmarks" / "_work"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "synth_teacher.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    save("synth_teacher", result)
     return 0
 
 
