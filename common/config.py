@@ -3,9 +3,10 @@ defaults < file < overrides. Each command owns one pydantic model for its config
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -122,6 +123,19 @@ def deep_merge(base: dict, over: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def iter_jsonl(lines: Iterable[str], path: str | os.PathLike,
+               where: str = "{path} line {line}") -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line of a jsonl file; a line that is not
+    JSON is an error naming the file and the line (as `where` spells them)."""
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ContractError(where.format(path=path, line=i), f"not valid JSON ({e})") from None
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:

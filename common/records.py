@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from common import atomic
-from common.config import StrictModel, validate
+from common.config import StrictModel, iter_jsonl, validate
 from common.errors import ContractError
 
 RECORD_SCHEMA = "synth-record/2"
@@ -239,13 +239,7 @@ def read_records(path: str | os.PathLike) -> Iterator[SynthRecord]:
     """Validated records from a jsonl file; errors name the file, line, record id and field."""
     path = Path(path)
     with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ContractError(f"{path} line {i}", f"not valid JSON ({e})") from None
+        for i, data in iter_jsonl(fh, path):
             yield validate_record(data, path, i)
 
 

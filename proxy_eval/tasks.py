@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import random
 import re
 import string
@@ -36,7 +35,7 @@ import pyarrow.parquet as pq
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from common.config import StrictModel
+from common.config import StrictModel, iter_jsonl
 from common.errors import ContractError
 from proxy_eval.extract import gsm8k_gold, last_boxed
 
@@ -168,13 +167,7 @@ def read_records(source: DataSource) -> list[dict[str, Any]]:
     if kind == "jsonl":
         records = []
         with _open_text(path) as fh:
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ContractError(f"{path}:{i}", f"not valid JSON ({e})") from None
+            for i, rec in iter_jsonl(fh, path, where="{path}:{line}"):
                 if not isinstance(rec, dict):
                     raise ContractError(f"{path}:{i}", "expected a JSON object per line")
                 records.append(rec)
