@@ -18,6 +18,7 @@ import argparse
 import importlib
 import sys
 
+from common.cli import dispatch
 from kaiyuan.jobs import JOBS
 
 
@@ -55,25 +56,15 @@ def _summary(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = list(JOBS) + ["materialize", "train-classifier", "summary"]
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print(__doc__)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"unknown command {argv[0]!r}; commands: {', '.join(commands)}", file=sys.stderr)
-            return 2
-        return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "train-classifier":
-        return _train_classifier(rest)
-    if cmd == "summary":
-        return _summary(rest)
-    if cmd == "materialize":
-        return importlib.import_module("kaiyuan.jobs.materialize").main(rest)
-    from kaiyuan.jobs import main as job_main
+def _job(name: str):
+    return lambda rest: importlib.import_module("kaiyuan.jobs").main(name, rest)
 
-    return job_main(cmd, rest)
+
+def main(argv: list[str] | None = None) -> int:
+    commands = {**{job: _job(job) for job in JOBS},
+                "materialize": lambda rest: importlib.import_module("kaiyuan.jobs.materialize").main(rest),
+                "train-classifier": _train_classifier, "summary": _summary}
+    return dispatch(__doc__, commands, argv, errors=())
 
 
 if __name__ == "__main__":

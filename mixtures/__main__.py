@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from common import storage
+from common.cli import dispatch
 from common.errors import ContractError
 
 
@@ -120,18 +121,7 @@ COMMANDS = {"validate": _validate, "materialize": _materialize, "inspect": _insp
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
-            return 2
-        return 0
-    try:
-        return COMMANDS[argv[0]](argv[1:])
-    except (ContractError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return dispatch(__doc__, COMMANDS, argv, errors=(ContractError, FileNotFoundError))
 
 
 if __name__ == "__main__":

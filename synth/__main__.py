@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+from common.cli import dispatch
 from common import atomic
 from common.errors import ContractError
 from common.records import read_records, write_records
@@ -30,7 +31,6 @@ from synth.pipeline import POST_STEPS, SOURCES, STEPS
 from synth.servers import ServerError
 from synth.verify import VERIFIERS
 
-COMMANDS = ("list", "export", "clean", "serve")
 
 
 def _run_generator(argv: list[str]) -> int:
@@ -140,18 +140,9 @@ def _serve(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    cmd = argv[0]
-    try:
-        if cmd in COMMANDS:
-            return {"list": _list, "export": _export, "clean": _clean, "serve": _serve}[cmd](argv[1:])
-        return _run_generator(argv)
-    except (ContractError, CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError) as e:
-        print(f"python -m synth: error: {e}", file=sys.stderr)
-        return 2
+    return dispatch(__doc__, {"list": _list, "export": _export, "clean": _clean, "serve": _serve}, argv,
+                    default=_run_generator, prog="python -m synth",
+                    errors=(ContractError, CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError))
 
 
 if __name__ == "__main__":
