@@ -181,7 +181,7 @@ _VERIFIED: set[tuple[str, int, int, str]] = set()     # (path, size, mtime_ns, s
 def verify_file(directory: str | os.PathLike, name: str) -> None:
     """Check one tensor file of a checkpoint against the sha256 its state.json records (older
     checkpoints record none: nothing to check). Raises ContractError naming the file."""
-    path = Path(directory) / name
+    path = storage.local_copy(directory) / name
     want = read_state(directory).files.get(name)
     if want is None or not path.is_file():
         return
@@ -199,7 +199,7 @@ def verify_file(directory: str | os.PathLike, name: str) -> None:
 def verify_checkpoint(directory: str | os.PathLike) -> CheckpointState:
     """state.json, with every tensor file it lists checked against its sha256 (an older checkpoint
     without hashes: the weights' header is parsed). Raises ContractError naming the bad file."""
-    directory = Path(directory)
+    directory = storage.local_copy(directory)      # an object-store checkpoint: staged, sha256-checked
     state = read_state(directory)
     for name in state.files:
         if not (directory / name).is_file():
