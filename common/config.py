@@ -138,6 +138,22 @@ def iter_jsonl(lines: Iterable[str], path: str | os.PathLike,
             raise ContractError(where.format(path=path, line=i), f"not valid JSON ({e})") from None
 
 
+def load_contract(model: type[C], path: Path, schema: str, missing: str) -> C:
+    """A JSON contract file (manifest, checkpoint state): parsed, its `schema` checked against the
+    version this reader reads, and validated; `missing` says what an absent file means."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ContractError(path, missing) from None
+    except json.JSONDecodeError as e:
+        raise ContractError(path, f"not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ContractError(path, "expected a JSON object")
+    if raw.get("schema") != schema:
+        raise ContractError(path, f"schema is {raw.get('schema')!r}, this reader expects {schema!r}", field="schema")
+    return validate(model, raw, path)
+
+
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """The one YAML file loader of every config and spec: a mapping, with duplicate keys refused
     (both line numbers named)."""

@@ -12,7 +12,6 @@ manifest in `mixtures`, ...).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import Field
 
 from common import atomic, storage
-from common.config import StrictModel, validate
+from common.config import StrictModel, load_contract
 from common.errors import ContractError
 from common.hashing import config_hash, fingerprint
 from common.version import code_version
@@ -81,18 +80,7 @@ class RunManifest(StrictModel):
         path = storage.path(path)
         if path.is_dir():
             path = (storage.committed(path) or path) / MANIFEST_NAME
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ContractError(path, "no manifest here (the job that writes it has not finished)") from None
-        except json.JSONDecodeError as e:
-            raise ContractError(path, f"not valid JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise ContractError(path, "expected a JSON object")
-        got = raw.get("schema")
-        if got != cls.SCHEMA:
-            raise ContractError(path, f"schema is {got!r}, this reader expects {cls.SCHEMA!r}", field="schema")
-        return validate(cls, raw, path)
+        return load_contract(cls, path, cls.SCHEMA, "no manifest here (the job that writes it has not finished)")
 
 
 def fingerprints(paths: list[str | os.PathLike], content: bool = True) -> list[InputFingerprint]:

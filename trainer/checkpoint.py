@@ -25,17 +25,16 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
-
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from common import atomic, storage
+from common.config import StrictModel, load_contract
 from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
@@ -49,8 +48,7 @@ WEIGHTS, OPTIMIZER, STATE = "model.safetensors", "optimizer.pt", "state.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
-class ScheduleState(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ScheduleState(StrictModel):
     config: dict[str, Any]                 # the resolved schedule config
     lr_base_last: float | None = None      # base rate of the last update done
     lr_base_next: float | None = None      # schedule(step): what update `step` would use (CMA's hold value)
@@ -58,10 +56,9 @@ class ScheduleState(BaseModel):
     total_steps: int = 0
 
 
-class CheckpointState(BaseModel):
+class CheckpointState(StrictModel):
     """state.json. `kind` is `train` (resumable) or `average` (CMA output: weights only)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     schema_: str = Field(CHECKPOINT_SCHEMA, alias="schema")
     kind: str = Field("train", pattern="^(train|average)$")
@@ -157,22 +154,8 @@ def save_checkpoint(directory: str | os.PathLike, weights: dict[str, torch.Tenso
 
 def read_state(directory: str | os.PathLike) -> CheckpointState:
     """Read and validate state.json; errors name the file and the field."""
-    path = storage.local_copy(directory) / STATE
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ContractError(path, "no state.json: not a checkpoint directory (or an incomplete one)") from None
-    except json.JSONDecodeError as e:
-        raise ContractError(path, f"not valid JSON ({e})") from None
-    if raw.get("schema") != CHECKPOINT_SCHEMA:
-        raise ContractError(path, f"schema is {raw.get('schema')!r}, this reader expects {CHECKPOINT_SCHEMA!r}",
-                            field="schema")
-    try:
-        return CheckpointState.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ContractError(path, f"{err['msg']} (input: {err.get('input')!r:.80})",
-                            field=".".join(str(p) for p in err["loc"])) from None
+    return load_contract(CheckpointState, storage.local_copy(directory) / STATE, CHECKPOINT_SCHEMA,
+                         "no state.json: not a checkpoint directory (or an incomplete one)")
 
 
 _VERIFIED: set[tuple[str, int, int, str]] = set()     # (path, size, mtime_ns, sha256) already checked
