@@ -47,26 +47,30 @@ def table_lines(summary: dict[str, Any]) -> list[str]:
         if "score" in st:
             lines.append(f"{source:<10} {'score':<7} {st['score']['counts'].get('docs', 0):>9} {st['score']['n_docs']:>9}")
     lines += _per_source(summary, "ingest", "quarantine_reasons", "quarantine reasons:")
-    filt = [(s, f, v) for s, st in sorted(summary.items()) if "score" in st
-            for f, v in sorted(st["score"]["counts"].get("filters", {}).items())]
-    if filt:
-        lines.append("")
-        lines.append(f"{'source':<10} {'filter':<20} {'pass rate':>9}  top reasons")
-        for s, f, v in filt:
-            rate = "" if v.get("pass_rate") is None else f"{100 * v['pass_rate']:.1f}%"
-            top = ", ".join(f"{k} {n}" for k, n in _by_count(v.get("top_reasons", {}))[:3])
-            lines.append(f"{s:<10} {f:<20} {rate:>9}  {top}")
-    scores = [(s, f, v) for s, st in sorted(summary.items()) if "score" in st
-              for f, v in sorted(st["score"]["counts"].get("scores", {}).items())]
-    if scores:
-        lines.append("")
-        lines.append(f"{'source':<10} {'score':<20} {'mean':>6} {'p10':>6} {'p50':>6} {'p90':>6}")
-        for s, f, v in scores:
-            q = v.get("quantiles", {})
-            lines.append(f"{s:<10} {'quality.' + f:<20} {v['mean']:>6.3f} {q.get('p10', 0):>6.3f} {q.get('p50', 0):>6.3f} "
-                         f"{q.get('p90', 0):>6.3f}")
+    lines += _score_table(summary, "filters", f"{'source':<10} {'filter':<20} {'pass rate':>9}  top reasons", _filter_line)
+    lines += _score_table(summary, "scores", f"{'source':<10} {'score':<20} {'mean':>6} {'p10':>6} {'p50':>6} {'p90':>6}",
+                          _score_line)
     lines += _per_source(summary, "score", "languages", "languages (top 3):", top=3)
     return lines
+
+
+def _score_table(summary: dict, key: str, header: str, line: Any) -> list[str]:
+    """A header and one `line(source, name, stats)` per source and entry of the score stage's `counts[key]`."""
+    rows = [line(s, f, v) for s, st in sorted(summary.items()) if "score" in st
+            for f, v in sorted(st["score"]["counts"].get(key, {}).items())]
+    return ["", header] + rows if rows else []
+
+
+def _filter_line(s: str, f: str, v: dict) -> str:
+    rate = "" if v.get("pass_rate") is None else f"{100 * v['pass_rate']:.1f}%"
+    top = ", ".join(f"{k} {n}" for k, n in _by_count(v.get("top_reasons", {}))[:3])
+    return f"{s:<10} {f:<20} {rate:>9}  {top}"
+
+
+def _score_line(s: str, f: str, v: dict) -> str:
+    q = v.get("quantiles", {})
+    return (f"{s:<10} {'quality.' + f:<20} {v['mean']:>6.3f} {q.get('p10', 0):>6.3f} {q.get('p50', 0):>6.3f} "
+            f"{q.get('p90', 0):>6.3f}")
 
 
 def _per_source(summary: dict, stage: str, key: str, heading: str, top: int | None = None) -> list[str]:
