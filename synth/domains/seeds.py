@@ -59,6 +59,15 @@ def _validate(model: type[BaseModel], raw: Any, path: str | os.PathLike, kind: s
 
 # ---- tool use -----------------------------------------------------------------------------
 
+def _check_tools(kind: str, id_: str, tools: list[dict[str, Any]], max_tools: int | None = None) -> None:
+    """Tool definitions valid (and at most `max_tools`), or a ValueError naming the seed entry."""
+    problems = tool_definition_problems(tools)
+    if max_tools is not None and len(tools) > max_tools:
+        problems.append(f"{len(tools)} tools, at most {max_tools}")
+    if problems:
+        raise ValueError(f"{kind} {id_!r}: " + "; ".join(problems))
+
+
 class Toolset(StrictModel):
     id: str
     description: str = ""
@@ -66,9 +75,7 @@ class Toolset(StrictModel):
 
     @model_validator(mode="after")
     def _tools_valid(self) -> "Toolset":
-        problems = tool_definition_problems(self.tools)
-        if problems:
-            raise ValueError(f"toolset {self.id!r}: " + "; ".join(problems))
+        _check_tools("toolset", self.id, self.tools)
         return self
 
 
@@ -133,11 +140,7 @@ class Domain(StrictModel):
     @model_validator(mode="after")
     def _tools_valid(self) -> "Domain":
         if self.tools is not None:
-            problems = tool_definition_problems(self.tools)
-            if len(self.tools) > MAX_TOOLS_PER_TASK:
-                problems.append(f"{len(self.tools)} tools, at most {MAX_TOOLS_PER_TASK}")
-            if problems:
-                raise ValueError(f"domain {self.id!r}: " + "; ".join(problems))
+            _check_tools("domain", self.id, self.tools, MAX_TOOLS_PER_TASK)
         return self
 
 
