@@ -802,6 +802,7 @@ class ChatClient:
                 if isinstance(e, ThrottledError):
                     ep.limit.on_throttle(epoch)
                 if not e.retryable:
+                    ep.breaker.probe_in_flight = False     # a rejected probe says nothing of the endpoint
                     raise
                 wait = e.retry_after_s
                 if wait is not None and waited + wait <= self.cfg.retry_after_max_s:
@@ -822,6 +823,8 @@ class ChatClient:
                 attempt += 1
                 continue
             except BaseException:
+                # a cancelled or crashed probe must free the half-open slot, or every waiter waits forever
+                ep.breaker.probe_in_flight = False
                 await self._release(ep)
                 raise
             before = ep.limit.limit
