@@ -1,7 +1,7 @@
 """A Qwen3-style dense decoder in plain PyTorch (Puro §2.1: Qwen3-1.7B shapes, untied embeddings).
 
 Read top to bottom: config and presets, RMSNorm, rotary embeddings, attention (grouped-query heads,
-QK-norm, `F.scaled_dot_product_attention`; with document masking on CUDA, FlexAttention and a block
+QK-norm, `F.scaled_dot_product_attention` on the grouped heads; with document masking on CUDA, FlexAttention and a block
 mask, so no dense (B, 1, T, T) mask exists), SwiGLU MLP, block, model.
 Module and parameter names mirror Hugging Face's `Qwen3ForCausalLM` (`model.layers.3.self_attn.q_proj`
 ...) so export is a rename-free copy (`trainer.export`).
@@ -141,6 +141,27 @@ def _flex_attention(q, k, v, block_mask):
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
+def sibling_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """The outputs of linears that read the same input (q, k, v; gate, up) from ONE linear over their
+    weights stacked along the output features, split back.
+
+    The parameters stay separate (HF names, checkpoints, MuonH's per-matrix orthogonalization and
+    radii are unchanged); only the compute is fused: one GEMM per pass instead of three or two, the
+    input gradient summed inside the Dgrad GEMM instead of by separate adds, and in FP8 one input
+    quantization per sibling group (a linear class that computes from a given weight exposes
+    `forward_weight(x, weight)`; `trainer.fp8.Fp8Linear` does). The stacking copies the weights once
+    per call; under autocast it is the cast to the compute dtype that happens anyway. Linears of
+    different classes (an FP8 recipe that converts only some siblings) run one by one."""
+    first = linears[0]
+    if any(type(m) is not type(first) for m in linears):
+        return tuple(m(x) for m in linears)
+    weight = torch.cat([m.weight for m in linears])
+    bias = None if first.bias is None else torch.cat([m.bias for m in linears])
+    forward_weight = getattr(first, "forward_weight", None)
+    y = forward_weight(x, weight, bias) if forward_weight is not None else F.linear(x, weight, bias)
+    return y.split([m.out_features for m in linears], dim=-1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -155,16 +176,14 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)     # (B,H,T,Dh)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B,K,T,Dh)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B,K,T,Dh)
+        q, k, v = sibling_linears(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)         # (B,H,T,Dh)
+        k = self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)      # (B,K,T,Dh)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)                   # (B,K,T,Dh)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # grouped KV heads go to the kernel as they are (no expansion to H heads): on the H200 causal
+        # SDPA fwd+bwd at the 1.7B layer took 2.09 ms grouped against 2.34 ms expanded (RESULTS.md, issue 15)
         if mask is None:
-            if q.is_cuda and self.n_heads != self.n_kv_heads:
-                # KV heads expanded for cuDNN's fused attention (what the loop's figures measured); a probe
-                # on torch 2.11 / cuDNN 9.19 timed grouped heads 11% faster (benchmarks/RESULTS.md, issue 15)
-                rep = self.n_heads // self.n_kv_heads
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         elif isinstance(mask, torch.Tensor):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
@@ -183,7 +202,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = sibling_linears(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):

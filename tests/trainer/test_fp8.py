@@ -448,6 +448,32 @@ def test_trainer_model_converts_its_block_linears_only():
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_fp8_siblings_share_one_input_quantization_and_equal_separate_layers():
+    """q, k, v in FP8 through `sibling_linears`: one 1x128 quantization of the shared input, and,
+    since every sibling's width is a multiple of 128, the same quantized operands as three separate
+    Fp8Linears, so outputs and gradients agree to float32 summation order."""
+    from trainer.model import sibling_linears
+
+    g = torch.Generator().manual_seed(1)
+    layers = tuple(Fp8Linear(256, n, bias=False, recipe=Fp8Recipe(backend="emulate")) for n in (256, 128, 128))
+    for m in layers:
+        m.weight.data = torch.randn(m.weight.shape, generator=g) * 0.05
+    x = _spread(192, 256, seed=2).requires_grad_(True)
+
+    def run(fn):
+        for m in layers:
+            m.zero_grad()
+        x.grad = None
+        ys = fn()
+        sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
+        return [y.detach() for y in ys], [m.weight.grad.clone() for m in layers] + [x.grad.clone()]
+
+    fused_y, fused_g = run(lambda: sibling_linears(x, layers))
+    sep_y, sep_g = run(lambda: tuple(m(x) for m in layers))
+    for a, b in zip(fused_y + fused_g, sep_y + sep_g):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():
     """cuBLAS needs the FP8 A operand row-major; quantizing x.t() (Wgrad) must not return a view."""
     x = torch.randn(256, 384, dtype=torch.bfloat16)

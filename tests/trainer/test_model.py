@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.model import (ModelConfig, build_model, count_params, dense_document_mask, document_block_mask, preset_config,
-                           token_losses)
+                           sibling_linears, token_losses)
 from trainer.optim import is_matrix_role, route_params
 
 TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48, max_seq_len=64)
@@ -118,3 +118,39 @@ def test_forward_traces_without_graph_breaks(with_docs):
     explanation = dynamo.explain(model)(x, **kwargs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+
+
+def test_sibling_linears_equal_the_linears_one_by_one():
+    """q, k, v (and gate, up) computed from their stacked weights: the same outputs and the same
+    gradients, into the same separate parameters, as three separate linears."""
+    g = torch.Generator().manual_seed(0)
+    linears = tuple(torch.nn.Linear(32, n, bias=bias) for n, bias in ((64, True), (16, True), (16, True)))
+    for m in linears:
+        for p in m.parameters():
+            p.data = torch.randn(p.shape, generator=g, dtype=torch.float64)
+    x = torch.randn(3, 5, 32, generator=g, dtype=torch.float64, requires_grad=True)
+    fused = sibling_linears(x, linears)
+    sum((y * (i + 1)).sum() for i, y in enumerate(fused)).backward()
+    fused_grads = [p.grad.clone() for m in linears for p in m.parameters()] + [x.grad.clone()]
+    for m in linears:
+        m.zero_grad()
+    x.grad = None
+    ref = tuple(m(x) for m in linears)
+    sum((y * (i + 1)).sum() for i, y in enumerate(ref)).backward()
+    ref_grads = [p.grad for m in linears for p in m.parameters()] + [x.grad]
+    assert [y.shape for y in fused] == [(3, 5, 64), (3, 5, 16), (3, 5, 16)]
+    for a, b in zip(fused, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(fused_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_siblings_of_different_classes_run_one_by_one():
+    class Doubled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    a, b = torch.nn.Linear(8, 4, bias=False), Doubled(8, 4, bias=False)
+    b.weight.data.copy_(a.weight.data)
+    ya, yb = sibling_linears(torch.ones(2, 8), (a, b))
+    torch.testing.assert_close(yb, 2 * ya)

@@ -234,7 +234,12 @@ class Fp8Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _fp8_linear(x, self.weight, self.bias, self.scale_format, self.backend_pref, self.quantizer_pref)
+        return self.forward_weight(x, self.weight, self.bias)
+
+    def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """This layer's recipe applied to another weight: `trainer.model.sibling_linears` passes the
+        stacked weights of q, k, v (or gate, up) so that their shared input is quantized once."""
+        return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}"
