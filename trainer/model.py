@@ -142,24 +142,23 @@ def _flex_attention(q, k, v, block_mask):
 
 
 def sibling_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """The outputs of linears that read the same input (q, k, v; gate, up) from ONE linear over their
-    weights stacked along the output features, split back.
+    """The outputs of linears that read the same input (q, k, v; gate, up).
 
-    The parameters stay separate (HF names, checkpoints, MuonH's per-matrix orthogonalization and
-    radii are unchanged); only the compute is fused: one GEMM per pass instead of three or two, the
-    input gradient summed inside the Dgrad GEMM instead of by separate adds, and in FP8 one input
-    quantization per sibling group (a linear class that computes from a given weight exposes
-    `forward_weight(x, weight)`; `trainer.fp8.Fp8Linear` does). The stacking copies the weights once
-    per call; under autocast it is the cast to the compute dtype that happens anyway. Linears of
-    different classes (an FP8 recipe that converts only some siblings) run one by one."""
+    Linears that compute from a given weight (`forward_weight(x, weight, bias)`: `trainer.fp8.Fp8Linear`)
+    run as ONE linear over their weights stacked along the output features, split back: one input
+    quantization and one GEMM per pass instead of three or two, the input gradient summed inside the
+    Dgrad GEMM. The parameters stay separate (HF names, checkpoints, MuonH's per-matrix
+    orthogonalization and radii are unchanged). Plain `nn.Linear`s run one by one: in BF16 the stacked
+    form was 1.5% slower on the H200 (Inductor's kernels that write into and read from the stacked
+    gradient cost more than the larger GEMMs save; benchmarks/RESULTS.md, issue 16), and so do
+    siblings of different classes (an FP8 recipe that converts only some of them)."""
     first = linears[0]
-    if any(type(m) is not type(first) for m in linears):
+    forward_weight = getattr(first, "forward_weight", None)
+    if forward_weight is None or any(type(m) is not type(first) for m in linears):
         return tuple(m(x) for m in linears)
     weight = torch.cat([m.weight for m in linears])
     bias = None if first.bias is None else torch.cat([m.bias for m in linears])
-    forward_weight = getattr(first, "forward_weight", None)
-    y = forward_weight(x, weight, bias) if forward_weight is not None else F.linear(x, weight, bias)
-    return y.split([m.out_features for m in linears], dim=-1)
+    return forward_weight(x, weight, bias).split([m.out_features for m in linears], dim=-1)
 
 
 class Attention(nn.Module):

@@ -120,37 +120,41 @@ def test_forward_traces_without_graph_breaks(with_docs):
     assert explanation.graph_count == 1
 
 
-def test_sibling_linears_equal_the_linears_one_by_one():
-    """q, k, v (and gate, up) computed from their stacked weights: the same outputs and the same
-    gradients, into the same separate parameters, as three separate linears."""
+def test_sibling_linears_stack_weights_for_linears_that_take_a_weight():
+    """Siblings exposing `forward_weight` (as Fp8Linear does) get ONE call with the stacked weights
+    and bias; the split outputs and the gradients into the separate parameters equal the linears
+    run one by one. Plain nn.Linears and mixed classes run one by one."""
+    calls = []
+
+    class WeightLinear(torch.nn.Linear):
+        def forward_weight(self, x, weight, bias=None):
+            calls.append(tuple(weight.shape))
+            return torch.nn.functional.linear(x, weight, bias)
+
     g = torch.Generator().manual_seed(0)
-    linears = tuple(torch.nn.Linear(32, n, bias=bias) for n, bias in ((64, True), (16, True), (16, True)))
+    linears = tuple(WeightLinear(32, n, bias=True).double() for n in (64, 16, 16))
     for m in linears:
         for p in m.parameters():
             p.data = torch.randn(p.shape, generator=g, dtype=torch.float64)
     x = torch.randn(3, 5, 32, generator=g, dtype=torch.float64, requires_grad=True)
-    fused = sibling_linears(x, linears)
-    sum((y * (i + 1)).sum() for i, y in enumerate(fused)).backward()
-    fused_grads = [p.grad.clone() for m in linears for p in m.parameters()] + [x.grad.clone()]
-    for m in linears:
-        m.zero_grad()
-    x.grad = None
-    ref = tuple(m(x) for m in linears)
-    sum((y * (i + 1)).sum() for i, y in enumerate(ref)).backward()
-    ref_grads = [p.grad for m in linears for p in m.parameters()] + [x.grad]
-    assert [y.shape for y in fused] == [(3, 5, 64), (3, 5, 16), (3, 5, 16)]
-    for a, b in zip(fused, ref):
+
+    def run(fn):
+        for m in linears:
+            m.zero_grad()
+        x.grad = None
+        ys = fn()
+        sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
+        return [y.detach() for y in ys], [p.grad.clone() for m in linears for p in m.parameters()] + [x.grad.clone()]
+
+    fused_y, fused_g = run(lambda: sibling_linears(x, linears))
+    assert calls == [(96, 32)]
+    ref_y, ref_g = run(lambda: tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in linears))
+    assert [y.shape for y in fused_y] == [(3, 5, 64), (3, 5, 16), (3, 5, 16)]
+    for a, b in zip(fused_y + fused_g, ref_y + ref_g):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    for a, b in zip(fused_grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
-
-def test_siblings_of_different_classes_run_one_by_one():
-    class Doubled(torch.nn.Linear):
-        def forward(self, x):
-            return 2 * super().forward(x)
-
-    a, b = torch.nn.Linear(8, 4, bias=False), Doubled(8, 4, bias=False)
-    b.weight.data.copy_(a.weight.data)
-    ya, yb = sibling_linears(torch.ones(2, 8), (a, b))
-    torch.testing.assert_close(yb, 2 * ya)
+    calls.clear()
+    plain = torch.nn.Linear(32, 8).double()
+    sibling_linears(x, (linears[0], plain))              # mixed classes: one by one
+    sibling_linears(x, (plain, torch.nn.Linear(32, 8).double()))  # plain linears: one by one
+    assert calls == []                                   # neither stacked
