@@ -278,6 +278,8 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
             sets = (texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
                     .persist(StorageLevel.MEMORY_AND_DISK))              # read by both joins
+            with sw("verify_sets"):
+                pair_counts["candidate_docs"] = sets.count()
             joined = (pairs.join(sets.select(F.col("node").alias("src"), F.col("sh").alias("sh_a")), "src")
                       .join(sets.select(F.col("node").alias("dst"), F.col("sh").alias("sh_b")), "dst")
                       .select("src", "dst", "sh_a", "sh_b"))
@@ -286,9 +288,10 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             with sw("verify"):
                 pair_counts["verified_pairs"] = near.count()
             cached.append(sets)
-            log.info("dedup: %d candidate pairs, %d with exact Jaccard >= %.2f (%.1fs + %.1fs)",
-                     pair_counts["candidate_pairs"], pair_counts["verified_pairs"], threshold,
-                     sw.timings_s["candidates"], sw.timings_s["verify"])
+            log.info("dedup: %d candidate pairs of %d documents, %d with exact Jaccard >= %.2f "
+                     "(candidates %.1fs, shingle sets %.1fs, verification %.1fs)",
+                     pair_counts["candidate_pairs"], pair_counts["candidate_docs"], pair_counts["verified_pairs"],
+                     threshold, sw.timings_s["candidates"], sw.timings_s["verify_sets"], sw.timings_s["verify"])
         else:
             near = star_pairs(lsh_docs, scope).withColumn("jaccard", F.lit(None).cast("double"))
             near = near.persist(StorageLevel.MEMORY_AND_DISK)
