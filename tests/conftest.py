@@ -1,7 +1,10 @@
-"""Suite-wide settings: offline hubs, and Spark workers that use this interpreter."""
+"""Suite-wide settings: offline hubs, Spark workers that use this interpreter, and the groups of the
+parallel run."""
 
 import os
 import sys
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -12,3 +15,24 @@ _bindir = os.path.dirname(sys.executable)
 if _bindir not in os.environ.get("PATH", "").split(os.pathsep):
     # spark-submit, torchrun and friends live beside the interpreter
     os.environ["PATH"] = _bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+# `make test` runs the suite on 2 pytest-xdist workers with `--dist loadgroup`. Every test is put in a
+# group so that a module's tests stay on one worker (its module fixtures, a Spark session or a server,
+# start once), and whole packages whose session fixtures are costly share one group: the demo tests
+# (the README commands write into the ci-size demo run the chain tests read), the trainer's shard sets
+# and trained run, proxy_eval's and mixtures' prepared runs, synth's PostgreSQL and MariaDB servers.
+PACKAGE_GROUPS = ("tests/demo/", "tests/trainer/", "tests/proxy_eval/", "tests/mixtures/", "tests/synth/domains/")
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """The group of a test: its package for PACKAGE_GROUPS, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return next((prefix.rstrip("/") for prefix in PACKAGE_GROUPS if module.startswith(prefix)), module)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
