@@ -60,9 +60,10 @@ def n_star_violations(edges) -> int:
     return bad.count()
 
 
-def _materialize(df, reliable: bool):
-    # cut the lineage each round: a reliable checkpoint when a checkpoint dir is set (clusters),
-    # otherwise executor-local storage
+def materialize(df, reliable: bool):
+    """`df` computed once and its lineage cut: a reliable checkpoint when a checkpoint dir is set
+    (clusters), otherwise executor-local storage. Plans built on it stay small: a cached
+    DataFrame keeps its whole plan, which every plan that reads it repeats."""
     return df.checkpoint(eager=True) if reliable else df.localCheckpoint(eager=True)
 
 
@@ -71,12 +72,12 @@ def star_components(edges, max_rounds: int = 60, reliable_checkpoint: bool = Fal
     component; and the number of rounds. `edges` has columns src, dst (any orientation)."""
     from pyspark.sql import functions as F
 
-    current = _materialize(canonical_edges(edges), reliable_checkpoint)
+    current = materialize(canonical_edges(edges), reliable_checkpoint)
     rounds = 0
     while n_star_violations(current) > 0:
         if rounds == max_rounds:
             raise RuntimeError(f"connected components did not converge in {max_rounds} rounds (raise dedup.max_cc_rounds)")
-        current = _materialize(small_star(large_star(current)), reliable_checkpoint)
+        current = materialize(small_star(large_star(current)), reliable_checkpoint)
         rounds += 1
         log.info("connected components: round %d done", rounds)
     nodes = current.select(F.col("src").alias("node"), F.col("dst").alias("root")).unionByName(

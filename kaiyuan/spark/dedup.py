@@ -25,6 +25,11 @@ Steps (all in Spark; nothing proportional to the corpus is collected on the driv
    them: `partner` ("<source>/<id>": the representative or the exact copy with the same
    normalized text, else the verified neighbour of highest Jaccard) and `jaccard` (1.0 for exact
    copies; null when verification is off).
+
+Each step's result (signatures, candidate pairs, shingle sets, edges, assignments) is checkpointed
+(`connected.materialize`), not cached: the plan of a cached DataFrame is repeated by every plan
+that reads it, so the writes' plans grew with each step (29 MB of plan text for 41 documents; the
+driver's heap overflowed building it on 8,000 man pages).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from kaiyuan import exact as ex
 from kaiyuan import minhash as mh
 from kaiyuan.config import RunConfig
 from kaiyuan.spark import components_io as cio
-from kaiyuan.spark.connected import star_components
+from kaiyuan.spark.connected import materialize, star_components
 
 log = get_logger("kaiyuan.dedup")
 
@@ -221,7 +226,6 @@ def run_dedup(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[s
 
 
 def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict[str, Any]) -> dict[str, ComponentManifest]:
-    from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -229,6 +233,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     bands, rows, num_perm = d.lsh()
     threshold = d.verify_threshold
     stage = cfg.stage_dir("dedup")
+    reliable = bool(cfg.spark.checkpoint_dir)
     sw = Stopwatch()
     scope = ["source"] if d.scope == "source" else []
     rep = d.representative
@@ -256,8 +261,8 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
                                          d.exact, d.near), schema).withColumn("node", F.concat_ws(NODE_SEP, "source", "id"))
     # 2. the smallest node with the same normalized text (the node itself without exact dedup)
     exact_root = F.min("node").over(Window.partitionBy(*scope, "exact_key")) if d.exact else F.col("node")
-    keyed = keyed.withColumn("_exact_root", exact_root).persist(StorageLevel.MEMORY_AND_DISK)
     with sw("signatures"):
+        keyed = materialize(keyed.withColumn("_exact_root", exact_root), reliable)
         n_docs = keyed.count()
     log.info("dedup: signatures of %d documents in %.1fs", n_docs, sw.timings_s["signatures"])
 
@@ -265,39 +270,36 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     edges = keyed.where(F.col("node") != F.col("_exact_root")).select(F.col("node").alias("src"), F.col("_exact_root").alias("dst"))
     near = None
     pair_counts: dict[str, int] = {}
-    cached = []
     if d.near:
         lsh_docs = keyed.where(F.col("bands").isNotNull() & (F.col("node") == F.col("_exact_root"))).select(*scope, "node", "bands", "n_sh")
         if d.verify.enabled:
             pairs, sized = bucket_pairs(lsh_docs, scope, d.verify.all_pairs_max, d.verify.window, threshold)
-            pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
             with sw("candidates"):
+                pairs = materialize(pairs, reliable)
                 pair_counts["candidate_pairs"] = pairs.count()
-            cached += [sized, pairs]
+            sized.unpersist()
             ends = pairs.select(F.col("src").alias("node")).unionByName(pairs.select(F.col("dst").alias("node"))).distinct()
             texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
-            sets = (texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
-                    .persist(StorageLevel.MEMORY_AND_DISK))              # read by both joins
+            sets = texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
             with sw("verify_sets"):
+                sets = materialize(sets, reliable)                      # read by both joins
                 pair_counts["candidate_docs"] = sets.count()
             joined = (pairs.join(sets.select(F.col("node").alias("src"), F.col("sh").alias("sh_a")), "src")
                       .join(sets.select(F.col("node").alias("dst"), F.col("sh").alias("sh_b")), "dst")
                       .select("src", "dst", "sh_a", "sh_b"))
-            near = (joined.mapInArrow(verify_fn(threshold), "src string, dst string, jaccard double")
-                    .persist(StorageLevel.MEMORY_AND_DISK))
+            near = joined.mapInArrow(verify_fn(threshold), "src string, dst string, jaccard double")
             with sw("verify"):
+                near = materialize(near, reliable)
                 pair_counts["verified_pairs"] = near.count()
-            cached.append(sets)
             log.info("dedup: %d candidate pairs of %d documents, %d with exact Jaccard >= %.2f "
                      "(candidates %.1fs, shingle sets %.1fs, verification %.1fs)",
                      pair_counts["candidate_pairs"], pair_counts["candidate_docs"], pair_counts["verified_pairs"],
                      threshold, sw.timings_s["candidates"], sw.timings_s["verify_sets"], sw.timings_s["verify"])
         else:
             near = star_pairs(lsh_docs, scope).withColumn("jaccard", F.lit(None).cast("double"))
-            near = near.persist(StorageLevel.MEMORY_AND_DISK)
             with sw("candidates"):
+                near = materialize(near, reliable)
                 pair_counts["candidate_pairs"] = near.count()
-        cached.append(near)
         edges = edges.unionByName(near.select("src", "dst"))
     elif not d.exact:
         raise ValueError("dedup.exact and dedup.near are both false: nothing to do")
@@ -338,8 +340,8 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
                     .withColumn("jaccard", F.when(F.col("keep"), F.lit(None))
                                 .when(F.col("kind") == "exact", F.lit(1.0)).otherwise(F.col("jaccard")))
                     .withColumn("dup_cluster", F.regexp_replace("root", NODE_SEP, "/"))
-                    .select("source", "id", "keep", "kind", "partner", "jaccard", "dup_cluster", "dup_count", "_size")
-                    .persist(StorageLevel.MEMORY_AND_DISK))
+                    .select("source", "id", "keep", "kind", "partner", "jaccard", "dup_cluster", "dup_count", "_size"))
+        assigned = materialize(assigned, reliable)         # the writes' plans read it, not its lineage
         stats = {r["source"]: r.asDict() for r in assigned.groupBy("source").agg(
             F.count("*").alias("docs_in"),
             F.sum(F.col("keep").cast("long")).alias("docs_out"),
@@ -390,9 +392,6 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
                  counts["docs_in"], counts["docs_out"], counts["removed_exact"], counts["removed_near"],
                  counts["clusters"], counts["largest_cluster"])
         out[n] = manifest
-    # only now: unpersisting a cached parent makes Spark drop and recompute its cached children
-    for df in [assigned, *cached, keyed]:
-        df.unpersist()
     return out
 
 
