@@ -440,12 +440,18 @@ def main() -> int:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"command": " ".join([Path(sys.executable).name] + sys.argv), "cores": os.cpu_count(),
+                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": os.getloadavg(),
                      "params": {"n_grams": N_GRAMS, "bands": BANDS, "rows": ROWS, "hash_bits": 64}}
-    if args.only_driver_memory_check:
-        results["driver_memory_check"] = driver_memory_check(work, args)
-        print(json.dumps(results, indent=2))
+
+    def save():             # after every phase, so a later failure keeps what was measured
+        results["load_now"] = os.getloadavg()
         if args.out:
             args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+    if args.only_driver_memory_check:
+        results["driver_memory_check"] = driver_memory_check(work, args)
+        save()
+        print(json.dumps(results, indent=2))
         return 0
     print(f"corpus: {args.docs} docs", flush=True)
     truth = build_corpus(work / f"corpus-{args.docs}", args.docs, args.dup_fraction, args.seed)
@@ -456,12 +462,14 @@ def main() -> int:
     print("kaiyuan ...", flush=True)
     results["kaiyuan"] = run_kaiyuan(work, f"k{args.docs}", truth, args.driver_memory)
     print("kaiyuan:", {k: results["kaiyuan"][k] for k in ("wall_s", "cpu_s", "docs_per_s")}, flush=True)
+    save()
     if not args.skip_datatrove:
         print("datatrove ...", flush=True)
         results["datatrove"] = run_datatrove(work, f"k{args.docs}", truth)
         print("datatrove:", {k: results["datatrove"][k] for k in ("wall_s", "cpu_s", "docs_per_s")}, flush=True)
         results["ratio_wall"] = round(results["datatrove"]["wall_s"] / results["kaiyuan"]["end_to_end_s"], 2)
         results["ratio_cpu"] = round(results["datatrove"]["cpu_s"] / results["kaiyuan"]["end_to_end_cpu_s"], 2)
+        save()
     if args.scale > 1:
         n = args.docs * args.scale
         print(f"scaling: {n} docs", flush=True)
@@ -475,11 +483,11 @@ def main() -> int:
             "driver_py_mb": [results["kaiyuan"]["peak_rss_mb"]["driver_py"], results["kaiyuan_scaled"]["peak_rss_mb"]["driver_py"]],
             "jvm_mb": [results["kaiyuan"]["peak_rss_mb"]["jvm"], results["kaiyuan_scaled"]["peak_rss_mb"]["jvm"]],
         }
+        save()
     if args.driver_memory_check:
         results["driver_memory_check"] = driver_memory_check(work, args)
+    save()
     print(json.dumps(results, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
