@@ -182,7 +182,7 @@ def run_kaiyuan(work: Path, corpus: dict, truth: dict, driver_memory: str, names
         m = next(iter(comp.values()))
         r["resolved"] = m.config.get("resolved") if isinstance(m.config, dict) else None
         r["timings_s"] = job_timings(comp.values())
-        r["stages"] = stage_seconds(m.timings_s)
+        r["stages"] = stage_seconds(r["timings_s"])
         r["counts"] = {s: c.counts for s, c in comp.items()}
         removed = kaiyuan_removed(out / "dedup", corpus["files"])
         r["quality"] = {str(t): score_all(truth, removed, t) for t in THRESHOLDS}
