@@ -11,6 +11,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one compute thread per xdist worker (and its subprocesses): with two workers on two cores,
+    # OpenMP's second thread waits for a core the other worker holds, and every small torch op then
+    # costs milliseconds (tests/trainer/test_fp8.py: 54 s with 2 threads on a busy machine, 8 s with 1)
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 _bindir = os.path.dirname(sys.executable)
 if _bindir not in os.environ.get("PATH", "").split(os.pathsep):
     # spark-submit, torchrun and friends live beside the interpreter
