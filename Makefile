@@ -28,7 +28,7 @@ demo: setup teacher-env
 	$(PY) -m demo $(DEMO_ARGS)
 
 test: setup system-packages lint
-	$(PY) -m pytest -m "not slow and not gpu" -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # pyflakes over the code (not the tests, whose fixtures are imported for pytest): any report fails
 LINTED := common kaiyuan mixtures proxy_eval trainer synth demo benchmarks
