@@ -304,7 +304,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
     elif not d.exact:
         raise ValueError("dedup.exact and dedup.near are both false: nothing to do")
     with sw("clusters"):
-        labels, rounds = star_components(edges, d.max_cc_rounds, reliable_checkpoint=bool(cfg.spark.checkpoint_dir))
+        labels, rounds = star_components(edges, d.max_cc_rounds, reliable_checkpoint=reliable)
     log.info("dedup: connected components in %d rounds, %.1fs", rounds, sw.timings_s["clusters"])
 
     # ---- 6. representatives -------------------------------------------------------------------
