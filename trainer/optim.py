@@ -19,6 +19,7 @@ writes back each rank's rows; the momentum buffers stay full matrices on every r
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from typing import Any, Iterable
@@ -156,6 +157,33 @@ def effective_lr(displacement: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return (frobenius(displacement) / frobenius(W)).flatten()
 
 
+def bucket_step_(W: list[torch.Tensor], bufs: list[torch.Tensor], grads: list[torch.Tensor], lr, weight_decay, radius,
+                 *, rule: str, momentum: float, nesterov: bool, scale: float, orthogonalize,
+                 write_to: list[torch.Tensor] | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One step of the matrices of one shape (fp32 `W`, their momentum buffers and gradients): momentum in
+    place on `bufs`, u = orthogonalize(look-ahead) x scale, then the rule's update (Eq. 1, 3 or 5).
+
+    Returns (the new matrices as a (k, m, n) stack, rho per matrix (Eq. 4)); with `write_to` the new
+    matrices are copied into those tensors instead (and None is returned for them). Pure tensor code
+    with no host sync, so that one process compiles it whole (`MatrixOptimizer(compile=True)`)."""
+    m = nesterov_momentum_(bufs, grads, momentum, nesterov)
+    u = orthogonalize(torch.stack(m))
+    if scale != 1.0:
+        u = u * scale
+    W_stack = torch.stack(W)
+    if rule == "muonh":
+        W_new, disp = hyperball_update(W_stack, u, lr, radius)
+    elif rule == "muon":
+        W_new, disp = muon_update(W_stack, u, lr, weight_decay)
+    else:
+        W_new, disp = elr_aligned_update(W_stack, u, lr, weight_decay)
+    rho = effective_lr(disp, W_stack)
+    if write_to is None:
+        return W_new, rho
+    torch._foreach_copy_(write_to, list(W_new.unbind(0)))
+    return None, rho
+
+
 # --------------------------------------------------------------------------------------------
 # The matrix optimizer
 # --------------------------------------------------------------------------------------------
@@ -205,7 +233,8 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
     def __init__(self, param_groups: list[dict[str, Any]], rule: str = "muonh", momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, ns_coeffs=NS_COEFFS, ns_dtype: str = "auto",
-                 weight_decay: float = 0.0, muon_scale: str = "shape", distribute: bool = True):
+                 weight_decay: float = 0.0, muon_scale: str = "shape", distribute: bool = True,
+                 compile: bool = False):
         if rule not in ("muonh", "muon", "muon_elr"):
             raise ValueError(f"unknown matrix rule {rule!r}")
         defaults = dict(lr=0.0, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
@@ -219,6 +248,11 @@ class MatrixOptimizer(torch.optim.Optimizer):
         self.last_effective_lr: dict[str, list[float]] = {}
         self.measure = True                   # measure rho this step (a host sync; the loop turns it off)
         self._radius_cache: dict[tuple[int, int], tuple[list[torch.Tensor], torch.Tensor]] = {}
+        # one process on CUDA: each shape's step as one compiled graph (Inductor fuses the momentum, the stacks,
+        # the norms and the projection around the Newton-Schulz GEMMs: fewer passes over the fp32 matrices)
+        self._compiled = torch.compile(bucket_step_, dynamic=False) if compile else None
+        self._ns_fns: dict[torch.device, Any] = {}
+        self._lr_tensors: dict[tuple[int, int], torch.Tensor] = {}
         if rule == "muonh":
             self._init_radius()
 
@@ -287,31 +321,44 @@ class MatrixOptimizer(torch.optim.Optimizer):
         for shape, items in buckets.items():
             params = [p for _, p in items]
             g0 = items[0][0]
-            bufs = [self._momentum_buffer(p) for p in params]
-            grads = [full(p.grad).float() for p in params]
-            # momentum in place on the buffers (one foreach kernel chain, no stack and copy back)
-            m = nesterov_momentum_(bufs, grads, g0["momentum"], g0["nesterov"])
-            u = self._orthogonalize(torch.stack(m))
-            if self.rule == "muon" and self.muon_scale == "shape":
-                u = u * math.sqrt(max(1.0, shape[0] / shape[1]))
-            W = torch.stack([full(p.detach()).float() for p in params])
-            lrs = _per_matrix([g["lr"] for g, _ in items], W.device)
-            wds = _per_matrix([g["weight_decay"] for g, _ in items], W.device)
-            if self.rule == "muonh":
-                W_new, disp = hyperball_update(W, u, lrs, self._radii(shape, params, W.device))
-            elif self.rule == "muon":
-                W_new, disp = muon_update(W, u, lrs, wds)
-            else:
-                W_new, disp = elr_aligned_update(W, u, lrs, wds)
-            if any(hasattr(p, "to_local") for p in params):
+            sharded = any(hasattr(p, "to_local") for p in params)
+            local = not sharded and _dp_world()[1] == 1 and all(p.dtype == torch.float32 for p in params)
+            W = [p.detach() if local else full(p.detach()).float() for p in params]
+            device = W[0].device
+            compiled = self._compiled is not None and local and device.type == "cuda"
+            lr = _per_matrix([g["lr"] for g, _ in items], device)
+            if compiled and not isinstance(lr, torch.Tensor):
+                lr = self._lr_tensor(shape, lr, device)         # a tensor input: a float would be a guard (a recompile a step)
+            W_new, rho = (self._compiled if compiled else bucket_step_)(
+                W, [self._momentum_buffer(p) for p in params], [full(p.grad).float() for p in params],
+                lr, _per_matrix([g["weight_decay"] for g, _ in items], device),
+                self._radii(shape, params, device) if self.rule == "muonh" else None,
+                rule=self.rule, momentum=g0["momentum"], nesterov=g0["nesterov"],
+                scale=math.sqrt(max(1.0, shape[0] / shape[1])) if self.rule == "muon" and self.muon_scale == "shape" else 1.0,
+                orthogonalize=self._orthogonalize if not local else self._local_newton_schulz(device),
+                write_to=W if local else None)
+            if W_new is not None:
                 for p, w_new in zip(params, W_new.unbind(0)):
                     write_full_(p, w_new)
-            else:
-                torch._foreach_copy_([p.detach() for p in params], list(W_new.unbind(0)))
             if self.measure:
-                for (g, _), r in zip(items, effective_lr(disp, W).tolist()):
+                for (g, _), r in zip(items, rho.tolist()):
                     self.last_effective_lr.setdefault(g["name"], []).append(r)
         return None
+
+    def _lr_tensor(self, shape: tuple[int, int], lr: float, device: torch.device) -> torch.Tensor:
+        """The bucket's learning rate in a 0-d device tensor of its own, refilled each step (no host sync)."""
+        t = self._lr_tensors.get(shape)
+        if t is None:
+            t = self._lr_tensors[shape] = torch.zeros((), dtype=torch.float32, device=device)
+        return t.fill_(lr)
+
+    def _local_newton_schulz(self, device: torch.device):
+        """Newton-Schulz with this optimizer's settings, one object per device (the compiled step guards on it)."""
+        fn = self._ns_fns.get(device)
+        if fn is None:
+            fn = self._ns_fns[device] = functools.partial(newton_schulz, steps=self.ns_steps, coeffs=self.ns_coeffs,
+                                                          dtype=self._ns_dtype(device))
+        return fn
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,8 +434,9 @@ def _with_current_settings(saved: dict[str, Any], current: dict[str, Any], part:
     return {"state": saved["state"], "param_groups": groups}
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> CombinedOptimizer:
-    """Route the model's parameters (behaviour 20) and build MuonH/Muon/ELR-Muon + AdamW groups.
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, compile: bool = False) -> CombinedOptimizer:
+    """Route the model's parameters (behaviour 20) and build MuonH/Muon/ELR-Muon + AdamW groups
+    (`compile`: the matrix step compiled, on one CUDA process).
 
     One param group per role, so metrics and learning rates are reported per role."""
     routed = route_params(model.named_parameters())
@@ -405,7 +453,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> CombinedOptimiz
     if matrix_groups:
         optimizers["matrix"] = MatrixOptimizer(
             matrix_groups, rule=cfg.matrix, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
-            ns_coeffs=cfg.ns_coeffs, ns_dtype=cfg.ns_dtype, muon_scale=cfg.muon_scale, distribute=cfg.distribute_ns)
+            ns_coeffs=cfg.ns_coeffs, ns_dtype=cfg.ns_dtype, muon_scale=cfg.muon_scale, distribute=cfg.distribute_ns,
+            compile=compile)
     # fused (one kernel for all tensors) where every parameter is on CUDA, foreach elsewhere
     on_cuda = all(p.device.type == "cuda" for g in adam_groups for p in g["params"])
     optimizers["adamw"] = torch.optim.AdamW(adam_groups, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from common import atomic, storage
 from common.log import get_logger
 from trainer import checkpoint as ckpt
+from trainer.compute_copies import ComputeCopies
 from trainer.config import RunConfig
 from trainer.data import MicroBatch, SyntheticStream, TokenStream
 from trainer.flops import PEAKS, shape_from_config, throughput_report
@@ -520,7 +521,7 @@ def build(cfg: RunConfig, start: StartState, dist_: Dist, precision: str, data_v
     fsdp = cfg.parallel.data == "fsdp" and dist_.world > 1
     if fsdp:
         loss_model = parallel.apply_fsdp(loss_model, model, device, precision)
-    optimizer = build_optimizer(model, cfg.optim)
+    optimizer = build_optimizer(model, cfg.optim, compile=cfg.compile)
 
     def saved_optimizer_state():
         state = ckpt.load_optimizer_state(start.directory)
@@ -554,23 +555,29 @@ class Stepper:
         self.b, self.cfg, self.dist, self.precision = built, cfg, dist_, precision
         self.ddp = dist_.world > 1 and cfg.parallel.data == "ddp"
         self.fsdp = dist_.world > 1 and cfg.parallel.data == "fsdp"
+        # BF16 copies of the weights cast once a step (one process: the wrappers hook the fp32 masters)
+        low_precision = precision in ("bf16", "fp8-blockwise")
+        self.copies = ComputeCopies(built.model) if low_precision and dist_.world == 1 else None
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world
         loss_model, model, optimizer = self.b.loss_model, self.b.model, self.b.optimizer
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for i, mb in enumerate(micro):
-            mb = mb.to(device)
-            last = i == len(micro) - 1
-            ctx = loss_model.no_sync() if (self.ddp and not last) else contextlib.nullcontext()
-            if self.fsdp:
-                loss_model.set_requires_gradient_sync(last)     # reduce-scatter once per step
-            with ctx:
-                with autocast_context(self.precision, device):
-                    s = micro_loss_sum(loss_model, mb)
-                # DDP and FSDP average gradients over ranks; scale so the result is sum / global count
-                (s * (world / denom)).backward()
-            loss_sum += s.detach()
+        with self.copies.swapped() if self.copies else contextlib.nullcontext():
+            for i, mb in enumerate(micro):
+                mb = mb.to(device)
+                last = i == len(micro) - 1
+                ctx = loss_model.no_sync() if (self.ddp and not last) else contextlib.nullcontext()
+                if self.fsdp:
+                    loss_model.set_requires_gradient_sync(last)     # reduce-scatter once per step
+                with ctx:
+                    with autocast_context(self.precision, device):
+                        s = micro_loss_sum(loss_model, mb)
+                    # DDP and FSDP average gradients over ranks; scale so the result is sum / global count
+                    (s * (world / denom)).backward()
+                if self.copies:
+                    self.copies.accumulate()
+                loss_sum += s.detach()
         zero_frac = zero_grad_fractions(model) if detail and self.dist.is_main else None
         clip = self.cfg.optim.grad_clip
         params = [p for p in model.parameters() if p.grad is not None]

@@ -1,0 +1,73 @@
+"""BF16 compute copies of the fp32 master weights, cast once per optimizer step.
+
+Under autocast every matmul casts its fp32 weight to BF16 when it runs, once per micro-batch, and the
+backward casts each BF16 weight gradient back to fp32 before `AccumulateGrad` adds it to `.grad`: two full
+passes over the weights per micro-batch besides the addition (on the H200, 1.7B, micro-batch 4: ~80 ms of
+cast kernels and 94 ms of fp32 adds a step; benchmarks/RESULTS.md, issue 15). Megatron and Apex keep a
+low-precision copy of the model for the step instead; this is that design for one process:
+
+- at the start of a step one foreach pass casts the masters into persistent BF16 copies, and the modules
+  hold the copies until the last micro-batch's backward has run;
+- the backward leaves each micro-batch's BF16 weight gradient on the copies, and `accumulate()` adds them
+  into the masters' fp32 `.grad` in one pass (the first micro-batch's is cast, not added).
+
+The arithmetic is autocast's: the same BF16 weights enter the same kernels, and each micro-batch's weight
+gradient is rounded to BF16 (the GEMM's output dtype) before it is summed in fp32. Only plain `nn.Linear`
+and `nn.Embedding` weights are copied: an FP8 linear quantizes its fp32 master itself, and norms compute in
+fp32. Under DDP or FSDP the wrappers hook the masters, so the loop keeps autocast's casts there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+COPIED = (nn.Linear, nn.Embedding)
+
+
+class ComputeCopies:
+    """Copies in `dtype` of `model`'s fp32 linear and embedding weights (exact types, see above)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.slots = [m for m in model.modules() if type(m) in COPIED and m.weight.dtype == torch.float32]
+        self.masters = [m.weight for m in self.slots]
+        self.copies = [nn.Parameter(torch.empty_like(p, dtype=dtype), requires_grad=p.requires_grad)
+                       for p in self.masters]
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @contextlib.contextmanager
+    def swapped(self) -> Iterator["ComputeCopies"]:
+        """Cast the masters into the copies and let the modules compute with them until exit (the
+        masters are put back even when the step raises)."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.copies, self.masters)
+        for m, c in zip(self.slots, self.copies):
+            m._parameters["weight"] = c
+        try:
+            yield self
+        finally:
+            for m, p in zip(self.slots, self.masters):
+                m._parameters["weight"] = p
+            for c in self.copies:
+                c.grad = None
+
+    @torch.no_grad()
+    def accumulate(self) -> None:
+        """Add the copies' gradients of the micro-batch just back-propagated into the masters' fp32 `.grad`."""
+        adds, grads = [], []
+        for p, c in zip(self.masters, self.copies):
+            if c.grad is None:
+                continue
+            if p.grad is None:
+                p.grad = c.grad.to(p.dtype)
+            else:
+                adds.append(p.grad)
+                grads.append(c.grad)
+            c.grad = None
+        if adds:
+            torch._foreach_add_(adds, grads)
