@@ -50,6 +50,11 @@ PEER_NAMES = {"titan-bf16": "titan-bf16", "titan-fp8-blockwise": "torchao-blockw
               "titan-fp8-tensorwise": "titan-fp8-tensorwise", "titan-fp8-rowwise": "titan-fp8-rowwise"}
 
 
+def base_config(name: str) -> dict:
+    """A variant's run-config settings: its own entry, or the BF16 / FP8 one its name says (ours-fp8-mb8 ...)."""
+    return OURS.get(name) or (OURS["ours-fp8-blockwise"] if "fp8" in name else OURS["ours-bf16"])
+
+
 def log(msg: str) -> None:
     print(f"[gpu_loop {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -141,7 +146,7 @@ def run_ours(name: str, args, extra: dict) -> dict:
     run_dir = Path(args.work) / name
     cfg_path = Path(args.work) / f"{name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    base = OURS.get(name) or (OURS["ours-fp8-blockwise"] if "fp8" in name else OURS["ours-bf16"])
+    base = base_config(name)
     cfg = run_config(name, args.data, run_dir, args.steps, args.micro_batch, {**base, **extra})
     cfg_path.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "trainer", "train", "--config", str(cfg_path)]
@@ -313,13 +318,14 @@ def profile_loop(cfg_path: Path, out: Path, steps: int) -> dict:
     return result
 
 
-def run_profile(args) -> dict:
-    """The `profile` subcommand in a subprocess (its own CUDA context and compile), on ours-bf16's config."""
+def run_profile(args, extra: dict[str, dict]) -> dict:
+    """The `profile` subcommand in a subprocess (its own CUDA context and compile), on the variant's config
+    (its `--set` overrides included)."""
     name = args.profile_variant
     run_dir = Path(args.work) / f"{name}-profile"
     cfg_path = Path(args.work) / f"{name}-profile.yaml"
-    base = OURS.get(name) or OURS["ours-bf16"]
-    cfg = run_config(name, args.data, run_dir, 1 + args.profile_steps, args.micro_batch, base)
+    base = base_config(name)
+    cfg = run_config(name, args.data, run_dir, 1 + args.profile_steps, args.micro_batch, {**base, **extra.get(name, {})})
     cfg["log"]["detail_every"] = 1000
     cfg_path.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, str(Path(__file__).resolve()), "profile", "--config", str(cfg_path), "--out", str(args.out),
@@ -444,7 +450,7 @@ def main() -> None:
         peers()
     if args.profile:
         try:
-            result["profile"] = run_profile(args)
+            result["profile"] = run_profile(args, extra)
         except (subprocess.SubprocessError, OSError) as e:
             result["profile"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
     write()

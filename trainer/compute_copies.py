@@ -28,14 +28,27 @@ import torch.nn as nn
 COPIED = (nn.Linear, nn.Embedding)
 
 
-class ComputeCopies:
-    """Copies in `dtype` of `model`'s fp32 linear and embedding weights (exact types, see above)."""
+def add_into_(accumulators: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """accumulators[i] += grads[i] (fp32 += BF16)."""
+    torch._foreach_add_(accumulators, grads)
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
+
+class ComputeCopies:
+    """Copies in `dtype` of `model`'s fp32 linear and embedding weights (exact types, see above).
+
+    `compile`: the fp32 additions as one compiled foreach kernel (on CUDA: eager `_foreach_add_` of mixed
+    dtypes falls back to one unvectorized kernel a tensor, 130 ms a step at 1.7B / micro-batch 4 on the
+    H200 against ~94 ms for fp32 + fp32). On CUDA the additions run on a side stream, beside the next
+    micro-batch's forward (memory-bound adds under compute-bound GEMMs); leaving `swapped()` waits for them."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, compile: bool = False):
         self.slots = [m for m in model.modules() if type(m) in COPIED and m.weight.dtype == torch.float32]
         self.masters = [m.weight for m in self.slots]
         self.copies = [nn.Parameter(torch.empty_like(p, dtype=dtype), requires_grad=p.requires_grad)
                        for p in self.masters]
+        self._add_into = torch.compile(add_into_, dynamic=False, fullgraph=True) if compile else add_into_
+        on_cuda = bool(self.masters) and self.masters[0].is_cuda
+        self.stream = torch.cuda.Stream(device=self.masters[0].device) if on_cuda else None
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -51,6 +64,8 @@ class ComputeCopies:
         try:
             yield self
         finally:
+            if self.stream is not None:
+                torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
             for m, p in zip(self.slots, self.masters):
                 m._parameters["weight"] = p
             for c in self.copies:
@@ -69,5 +84,15 @@ class ComputeCopies:
                 adds.append(p.grad)
                 grads.append(c.grad)
             c.grad = None
-        if adds:
-            torch._foreach_add_(adds, grads)
+        if not adds:
+            return
+        if self.stream is None:
+            self._add_into(adds, grads)
+            return
+        # the masters' .grad stay allocated on the main stream until the step has read them; the BF16 gradients
+        # are recorded on the side stream so that their memory is not reused before the adds have read them
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            self._add_into(adds, grads)
+        for g in grads:
+            g.record_stream(self.stream)

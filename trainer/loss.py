@@ -83,8 +83,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def _scaled(g: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """g x scale computed in at least fp32, returned in `dtype`."""
+    """g x scale computed in at least fp32, returned in `dtype` (for an fp32 g, one kernel that multiplies in
+    fp32 and stores in `dtype`: the LM head's dW into its BF16 compute copy)."""
     acc = torch.promote_types(torch.promote_types(g.dtype, torch.float32), scale.dtype)
+    if g.dtype == acc:
+        return torch.mul(g, scale.to(acc), out=torch.empty_like(g, dtype=dtype))
     return (g.to(acc) * scale.to(acc)).to(dtype)
 
 

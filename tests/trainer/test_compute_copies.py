@@ -34,13 +34,14 @@ def grads_two_micro_batches(model, batches, copies: ComputeCopies | None):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_copies_give_autocasts_gradients_and_put_the_masters_back():
+@pytest.mark.parametrize("compile", [False, True], ids=["eager-adds", "compiled-adds"])
+def test_copies_give_autocasts_gradients_and_put_the_masters_back(compile):
     torch.manual_seed(0)
     model = build_model(preset_config("tiny", **SHAPE), seed=1)
     batches = [torch.randint(0, 97, (2, 17)) for _ in range(3)]
     reference = grads_two_micro_batches(model, batches, None)
     masters = {n: p for n, p in model.named_parameters()}
-    copies = ComputeCopies(model)
+    copies = ComputeCopies(model, compile=compile)
     # every linear (7 a block and the LM head) and the embedding; no norm gain
     assert len(copies) == 7 * 2 + 2
     got = grads_two_micro_batches(model, batches, copies)
@@ -81,7 +82,7 @@ def test_a_bf16_run_with_copies_tracks_the_autocast_run(shard_sets, tmp_path, mo
         return [r["loss"] for r in rows if "loss" in r]
 
     with_copies = losses("copies")
-    monkeypatch.setattr(train_mod, "ComputeCopies", lambda model: None)
+    monkeypatch.setattr(train_mod, "ComputeCopies", lambda model, **kw: None)
     without = losses("autocast")
     assert len(with_copies) == len(without) == 4
     for a, b in zip(with_copies, without):
