@@ -557,8 +557,7 @@ class Stepper:
         self.fsdp = dist_.world > 1 and cfg.parallel.data == "fsdp"
         # BF16 copies of the weights cast once a step (one process: the wrappers hook the fp32 masters)
         low_precision = precision in ("bf16", "fp8-blockwise")
-        blocks = [m for block in built.model.model.layers for m in block.modules()]
-        self.copies = (ComputeCopies(built.model, compile=cfg.compile and dist_.device.type == "cuda", wgrad_into=blocks)
+        self.copies = (ComputeCopies(built.model, compile=cfg.compile and dist_.device.type == "cuda")
                        if low_precision and dist_.world == 1 else None)
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):

@@ -87,9 +87,8 @@ def test_compiled_matrix_step_equals_the_eager_step_on_cuda(rule):
 
 
 def test_compute_copies_on_cuda_give_autocasts_block_gradients():
-    """Wgrad into fp32 buffers (cuBLAS's fp32-output GEMM, beta = 1) and the compiled fp32 additions: the
-    gradients within BF16 rounding of autocast's (which rounds each micro-batch's Wgrad to BF16), and the
-    blocks' closer to an fp32 reference than autocast's."""
+    """The compiled fp32 additions on the side stream: the gradients bit for bit as autocast's (the blocks', in
+    fp32 the embedding's), the LM head's within its BF16 rounding."""
     from trainer.compute_copies import ComputeCopies
     from trainer.model import build_model, preset_config
 
@@ -111,18 +110,11 @@ def test_compute_copies_on_cuda_give_autocasts_block_gradients():
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
     reference = grads(None)
-    with torch.autocast("cuda", enabled=False):
-        model.zero_grad(set_to_none=True)
-        for tokens in batches:
-            h = model.hidden(tokens[:, :-1])
-            (linear_cross_entropy_sum(h, model.lm_head.weight, tokens[:, 1:]) / 1000.0).backward()
-        fp32 = {n: p.grad.clone() for n, p in model.named_parameters()}
-    copies = ComputeCopies(model, compile=True, wgrad_into=[m for b in model.model.layers for m in b.modules()])
-    assert len(copies.into) == 7 * len(model.model.layers)
-    for block in model.model.layers:
-        block.compile()
+    copies = ComputeCopies(model, compile=True)
+    assert copies.stream is not None
     got = grads(copies)
     for name, g in reference.items():
-        assert ((got[name] - g).norm() / g.norm()).item() < 4e-3, name
-    q = "model.layers.1.mlp.down_proj.weight"
-    assert (got[q] - fp32[q]).norm() < (reference[q] - fp32[q]).norm()
+        if name != "lm_head.weight":
+            assert torch.equal(got[name], g), name
+        else:
+            assert ((got[name] - g).norm() / g.norm()).item() < 4e-3, name
