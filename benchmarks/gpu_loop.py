@@ -157,7 +157,15 @@ def run_ours(name: str, args, extra: dict) -> dict:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.variant_timeout)
     except subprocess.TimeoutExpired as e:
         (Path(args.out) / f"{name}.log").write_text(_text(e.stdout) + _text(e.stderr))
-        raise
+        # the steps it finished are kept (labelled partial), not thrown away with the timeout
+        metrics = run_dir / "metrics.jsonl"
+        done = metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"train"' in line)
+        if not done or done <= args.skip:
+            raise
+        res = summarize(metrics, args.skip)
+        res.update(ok=False, partial=f"timed out after {args.variant_timeout} s with {done} of {args.steps} steps",
+                   wall_s=round(time.time() - t0, 1), command=" ".join(cmd[1:]), config=cfg)
+        return res
     (Path(args.out) / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         return {"ok": False, "error": (proc.stderr or proc.stdout)[-3000:], "wall_s": time.time() - t0}
@@ -179,6 +187,8 @@ def run_peer(args) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, str(peer / "peer_bench.py"), "--out", str(out), "--isolate", "--variants",
            args.peer_variants, "--steps", str(args.peer_steps), "--budget-s", str(args.peer_timeout - 40)]
+    if args.peer_timeout - 40 < 90 * len(args.peer_variants.split(",")):
+        log(f"peer: --peer-timeout {args.peer_timeout} leaves under ~90 s a variant; peer_bench.py may skip them")
     log("peer: " + " ".join(cmd))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.peer_timeout)
     (Path(args.out) / "peer.log").write_text(proc.stdout + proc.stderr)
