@@ -29,3 +29,19 @@ def test_chunked_loss_and_grads_equal_the_full_logit_reference(chunk):
     with torch.no_grad():
         torch.testing.assert_close(linear_cross_entropy_sum(h, w, targets, mask, chunk_tokens=chunk).double(), ref,
                                    rtol=1e-6, atol=1e-6)
+
+
+def test_the_incoming_scale_multiplies_in_fp32_for_bf16_inputs():
+    """A loss scaled by 1/N (the loop's 1 / global token count) gives dh and dW scaled in fp32 and rounded once
+    to their dtype: 1/3 rounded to BF16 first would be 0.2% off."""
+    torch.manual_seed(0)
+    h = torch.randn(64, 16).bfloat16().requires_grad_()
+    w = torch.randn(50, 16).bfloat16().requires_grad_()
+    targets = torch.randint(0, 50, (64,))
+    loss = linear_cross_entropy_sum(h, w, targets, compute_dtype=torch.bfloat16)
+    unit_dh, unit_dw = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    third = torch.tensor(1 / 3)
+    dh, dw = torch.autograd.grad(loss * third, (h, w))
+    assert torch.equal(dh, (unit_dh.float() * third).bfloat16())
+    assert torch.equal(dw, (unit_dw.float() * third).bfloat16())
+    assert not torch.equal(dh, unit_dh * third.bfloat16())             # what a BF16 scale would have given

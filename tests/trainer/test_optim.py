@@ -222,3 +222,35 @@ def test_water_fill_levels_the_lowest_ranks():
     assert water_fill([10, 0, 5], 9) == [0, 7, 2]
     assert sum(water_fill([3, 3, 3], 7)) == 7
     assert water_fill([0, 100], 10) == [10, 0]
+
+
+def test_the_bucket_step_compiles_whole_and_equals_eager():
+    """`bucket_step_` under torch.compile (what one CUDA process runs): no graph break, the eager step's
+    matrices and rho, and one graph whatever the learning rate (it is passed as a tensor)."""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    from trainer.optim import bucket_step_, newton_schulz
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(bucket_step_, dynamic=False)
+    ns = functools.partial(newton_schulz, steps=5, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    W_e = [torch.randn(16, 32, generator=gen) for _ in range(3)]
+    W_c = [w.clone() for w in W_e]
+    bufs_e, bufs_c = [torch.zeros(16, 32) for _ in range(3)], [torch.zeros(16, 32) for _ in range(3)]
+    radius = torch.stack([w.norm() for w in W_e]).view(-1, 1, 1)
+    for step in range(3):
+        grads = [torch.randn(16, 32, generator=gen) for _ in range(3)]
+        lr = torch.tensor(0.01 * (step + 1))
+        kw = dict(rule="muonh", momentum=0.95, nesterov=True, scale=1.0, orthogonalize=ns)
+        _, rho_e = bucket_step_(W_e, bufs_e, grads, lr, 0.0, radius, write_to=W_e, **kw)
+        _, rho_c = compiled(W_c, bufs_c, grads, lr, 0.0, radius, write_to=W_c, **kw)
+        for a, b in zip(W_e, W_c):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rho_c, rho_e)
+        torch.testing.assert_close(rho_c, torch.full((3,), 0.01 * (step + 1)), rtol=1e-4, atol=0)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
