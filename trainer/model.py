@@ -276,8 +276,7 @@ class Transformer(nn.Module):
             cos = self.rope_cos[positions][:, None]                             # (B,1,T,Dh)
             sin = self.rope_sin[positions][:, None]
         x = self.model.embed_tokens(tokens)                                     # (B,T,D)
-        table = torch.promote_types(x.dtype, torch.float32)   # fp32 tables (fp64 in fp64), whatever the embedding's dtype
-        cos, sin = cos.to(table), sin.to(table)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         if torch.is_autocast_enabled(x.device.type):
             # the residual stream in the compute dtype (BF16 on GPU), as in a BF16 model (HF Qwen3,
             # torchtitan's BF16 parameters): half the bytes of every residual add, norm input, saved
