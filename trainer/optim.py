@@ -323,7 +323,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             g0 = items[0][0]
             sharded = any(hasattr(p, "to_local") for p in params)
             local = not sharded and _dp_world()[1] == 1 and all(p.dtype == torch.float32 for p in params)
-            W = [p.detach() if local else full(p.detach()).float() for p in params]
+            W = [full(p.detach()).float() for p in params]          # local fp32 matrices: the parameters themselves
             device = W[0].device
             compiled = self._compiled is not None and local and device.type == "cuda"
             lr = _per_matrix([g["lr"] for g, _ in items], device)

@@ -113,10 +113,14 @@ def set_determinism(enabled: bool, device: torch.device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def compute_dtype(precision: str) -> torch.dtype | None:
+    """The dtype the matmuls run in under autocast (FP8's non-FP8 ops included), or None for plain fp32."""
+    return torch.bfloat16 if precision in ("bf16", "fp8-blockwise") else None
+
+
 def autocast_context(precision: str, device: torch.device):
-    if precision in ("bf16", "fp8-blockwise"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    dtype = compute_dtype(precision)
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 def attention_context(device: torch.device):
@@ -556,9 +560,9 @@ class Stepper:
         self.ddp = dist_.world > 1 and cfg.parallel.data == "ddp"
         self.fsdp = dist_.world > 1 and cfg.parallel.data == "fsdp"
         # BF16 copies of the weights cast once a step (one process: the wrappers hook the fp32 masters)
-        low_precision = precision in ("bf16", "fp8-blockwise")
-        self.copies = (ComputeCopies(built.model, compile=cfg.compile and dist_.device.type == "cuda")
-                       if low_precision and dist_.world == 1 else None)
+        dtype = compute_dtype(precision)
+        self.copies = (ComputeCopies(built.model, dtype, compile=cfg.compile and dist_.device.type == "cuda")
+                       if dtype and dist_.world == 1 else None)
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world
