@@ -1,11 +1,12 @@
 """The training loop (`python -m trainer train`), also under `torchrun` with DDP or FSDP2 (gloo on
-CPU, nccl on GPU). A thin shell over four named parts:
+CPU, nccl on GPU). A thin shell over five named parts:
 
 - `resolve_start`: where the run starts (its own newest checkpoint, `init_from`, or scratch) and the
   checks that a continued run means what it says (schedule extension, model fields that cannot change);
 - `build`: the model (FP8 conversion, activation checkpointing, per-block compile, DDP/FSDP2), the
   loss module and the optimizer, with the checkpoint's state loaded;
-- `Stepper`: one optimizer step over one global batch, with no host synchronization until its end;
+- `Stepper`: one optimizer step over one global batch, with no host synchronization in it;
+- `StepRecords`: each step's record, read one step late (the loop's one host synchronization);
 - `Checkpointer`: writes and prunes checkpoints.
 
 The math is in `model`, `loss`, `optim`, `schedules`; the contract in `checkpoint`.
@@ -552,7 +553,7 @@ def build(cfg: RunConfig, start: StartState, dist_: Dist, precision: str, data_v
 
 class Stepper:
     """One optimizer step over this rank's micro-batches of a global batch. Returns the loss sum and
-    the gradient norm as device tensors (the caller reads them once, at the end of the step), and on
+    the gradient norm as device tensors (`StepRecords` reads them after the next step is queued), and on
     detail steps the zero-gradient fractions (rank 0)."""
 
     def __init__(self, built: Built, cfg: RunConfig, dist_: Dist, precision: str):
@@ -595,6 +596,73 @@ class Stepper:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss_sum, grad_norm, zero_frac
+
+
+@dataclasses.dataclass
+class Launched:
+    """A step whose kernels are queued: its loss sum and gradient norm are device tensors until
+    `StepRecords` reads them; the rest is known on the host when the step is queued."""
+    step: int
+    tokens_seen: int
+    lr_base: float
+    lrs: dict[str, float]
+    global_count: float
+    loss_sum: torch.Tensor
+    grad_norm: torch.Tensor
+    extra: dict[str, Any]           # detail steps: effective LR, zero-gradient fractions
+
+
+class StepRecords:
+    """The per-step records, each read one step late: step N's loss and gradient norm are read (the
+    loop's one host synchronization) after step N+1 is queued, so the GPU never waits while the host
+    writes a record, sets the next learning rates and queues the next micro-batches. A non-finite
+    loss stops the run before any checkpoint after it is written: `flush` reads the step in flight
+    first, and the loop flushes before every checkpoint and evaluation."""
+
+    def __init__(self, dist_: Dist, metrics: MetricsLog, progress: Progress, shape, seq_len: int,
+                 tokens_per_step: int, precision: str, peaks):
+        self.dist, self.metrics, self.progress = dist_, metrics, progress
+        self.shape, self.seq_len, self.tokens_per_step = shape, seq_len, tokens_per_step
+        self.precision, self.peaks = precision, peaks
+        self.pending: Launched | None = None
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Time outside steps (evaluation, checkpoints) is not any step's time."""
+        self.mark = time.perf_counter()
+
+    def add(self, launched: Launched) -> None:
+        previous, self.pending = self.pending, launched
+        if previous is not None:
+            self._record(previous)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            last, self.pending = self.pending, None
+            self._record(last)
+
+    def _record(self, p: Launched) -> None:
+        (loss_sum,) = self.dist.all_reduce_sum([float(p.loss_sum)])          # waits for step p
+        loss, grad_norm = loss_sum / max(p.global_count, 1.0), float(p.grad_norm)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {p.step}; stopping (last checkpoint is intact)")
+        now = time.perf_counter()
+        dt, self.mark = now - self.mark, now
+        if not self.dist.is_main:
+            return
+        rec: dict[str, Any] = {"kind": "train", "step": p.step, "tokens_seen": p.tokens_seen, "loss": loss,
+                               "lr_base": p.lr_base, "lr": p.lrs, "grad_norm": grad_norm,
+                               "loss_tokens": int(p.global_count), "step_time_s": dt,
+                               "tokens_per_s": self.tokens_per_step / dt if dt > 0 else 0.0}
+        if self.peaks is not None and dt > 0:
+            rec["mfu"] = throughput_report(self.shape, self.seq_len, self.tokens_per_step, dt,
+                                           fp8=self.precision == "fp8-blockwise", peaks=self.peaks,
+                                           n_gpus=self.dist.world)["mfu_vs_bf16_peak"]
+        if self.dist.device.type == "cuda":
+            rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.dist.device) / 2**30
+        rec.update(p.extra)
+        self.metrics.write(rec)
+        self.progress.update(p.step, rec)
 
 
 class Checkpointer:
@@ -733,8 +801,8 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
     prefetch = Prefetcher(stream, total_steps - step, pin=device.type == "cuda")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    records = StepRecords(dist_, metrics, progress, shape, seq_len, tokens_per_step, precision, peaks)
     while step < total_steps:
-        t0 = time.perf_counter()
         lr_base = lr_at(start.schedule, step, total_steps=total_steps, tokens_per_step=tokens_per_step,
                         start_step=start.start_step)
         lrs = optimizer.set_lr(lr_base)
@@ -743,34 +811,23 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
         detail = (step + 1) % detail_every == 0
         optimizer.measure_effective_lr(detail)
         loss_sum_t, grad_norm_t, zero_frac = stepper(micro, max(global_count, 1.0), detail)
-        (loss_sum,) = dist_.all_reduce_sum([float(loss_sum_t)])            # the step's one host sync
-        loss, grad_norm = loss_sum / max(global_count, 1.0), float(grad_norm_t)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step}; stopping (last checkpoint is intact)")
         step += 1
         tokens_seen += tokens_per_step
-        dt = time.perf_counter() - t0
-        if dist_.is_main:
-            rec: dict[str, Any] = {"kind": "train", "step": step, "tokens_seen": tokens_seen, "loss": loss,
-                                   "lr_base": lr_base, "lr": lrs, "grad_norm": grad_norm,
-                                   "loss_tokens": int(global_count), "step_time_s": dt,
-                                   "tokens_per_s": tokens_per_step / dt if dt > 0 else 0.0}
-            if peaks is not None and dt > 0:
-                rec["mfu"] = throughput_report(shape, seq_len, tokens_per_step, dt, fp8=precision == "fp8-blockwise",
-                                               peaks=peaks, n_gpus=dist_.world)["mfu_vs_bf16_peak"]
-            if device.type == "cuda":
-                rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if detail:
-                rec["effective_lr"] = {k: sum(v) / len(v) for k, v in optimizer.effective_lr.items()}
-                rec["zero_grad_frac"] = zero_frac
-            metrics.write(rec)
-            progress.update(step, rec)
+        extra = {"effective_lr": {k: sum(v) / len(v) for k, v in optimizer.effective_lr.items()},
+                 "zero_grad_frac": zero_frac} if detail and dist_.is_main else {}
+        records.add(Launched(step, tokens_seen, lr_base, lrs, global_count, loss_sum_t, grad_norm_t, extra))
         if cfg.train.gc_every_steps and step % cfg.train.gc_every_steps == 0:
             gc.collect(1)
-        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < total_steps:
-            run_eval(step)
-        if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < total_steps:
-            checkpointer.save(step, tokens_seen, prefetch.cursor)
+        do_eval = bool(cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < total_steps)
+        do_save = bool(cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < total_steps)
+        if do_eval or do_save:
+            records.flush()
+            if do_eval:
+                run_eval(step)
+            if do_save:
+                checkpointer.save(step, tokens_seen, prefetch.cursor)
+            records.restart_clock()
+    records.flush()
     gc.enable()
 
     if eval_factory is not None and cfg.eval.at_end and last_eval_step != step:

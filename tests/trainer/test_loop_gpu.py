@@ -118,3 +118,35 @@ def test_compute_copies_on_cuda_give_autocasts_block_gradients():
             assert torch.equal(got[name], g), name
         else:
             assert ((got[name] - g).norm() / g.norm()).item() < 4e-3, name
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-blockwise"])
+def test_a_step_of_the_loop_never_waits_for_the_gpu(tmp_path, monkeypatch, precision):
+    """The loop's only host synchronization is `StepRecords` reading a step's loss after the next step
+    is queued: under CUDA's sync debug mode set to "error", every step after the compiling ones (the
+    micro-batches' copies, forward, backward, fp32 gradient additions, clip, MuonH, AdamW) is queued
+    without one synchronizing call."""
+    import trainer.train as loop
+
+    real, calls = loop.Stepper.__call__, {"n": 0}
+
+    def strict(self, micro, denom, detail=False):
+        calls["n"] += 1
+        if calls["n"] <= 2:                       # compilation and the optimizers' lazy state
+            return real(self, micro, denom, detail)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real(self, micro, denom, detail)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(loop.Stepper, "__call__", strict)
+    cfg = {"run_dir": str(tmp_path / precision), "precision": precision, "compile": True,
+           "model": {"preset": "tiny", "overrides": {"d_model": 256, "n_heads": 4, "n_kv_heads": 2, "head_dim": 64,
+                                                     "d_ff": 512}},
+           "data": {"synthetic": {"vocab_size": 512, "seq_len": 256}},
+           "train": {"steps": 5, "global_batch": 8, "micro_batch": 4},
+           "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 2},
+           "checkpoint": {"every_steps": 0, "at_end": False}, "log": {"progress": "none", "detail_every": 1000}}
+    train(load_run_config(None, data=cfg))
+    assert calls["n"] == 5

@@ -199,3 +199,28 @@ def test_tensorboard_logging(shard_sets, tmp_path):
     cfg = run_config(tmp_path / "tb", shard_sets, **{"train.steps": 2, "log.tensorboard": True})
     train(load_run_config(None, data=cfg))
     assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_a_non_finite_loss_stops_before_any_checkpoint_after_it(shard_sets, tmp_path, monkeypatch):
+    """The loop reads each step's loss one step late (after the next step is queued); a NaN in step 4
+    is read while step 5 runs and stops the run naming step 4, with steps 1-3 recorded and no
+    checkpoint from step 4 on (the step-6 checkpoint is never written)."""
+    import trainer.train as loop
+
+    calls = {"n": 0}
+    real = loop.micro_loss_sum
+
+    def poisoned(loss_model, mb):
+        calls["n"] += 1
+        s = real(loss_model, mb)
+        return s * float("nan") if calls["n"] == 4 else s     # one micro-batch a step: step 4's
+
+    monkeypatch.setattr(loop, "micro_loss_sum", poisoned)
+    cfg = run_config(tmp_path / "run", shard_sets, **{"train.steps": 8, "train.micro_batch": 4,
+                                                      "checkpoint.every_steps": 3, "checkpoint.keep_last": 10,
+                                                      "eval.every_steps": 0})
+    with pytest.raises(FloatingPointError, match="at step 4;"):
+        train(load_run_config(None, data=cfg))
+    assert [r["step"] for r in records(tmp_path / "run")] == [1, 2, 3]
+    assert calls["n"] == 5                                   # step 5 was queued before step 4 was read
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")] == [3]
