@@ -9,7 +9,8 @@ low-precision copy of the model for the step instead; this is that design for on
 - at the start of a step one foreach pass casts the masters into persistent BF16 copies, and the modules
   hold the copies until the last micro-batch's backward has run;
 - the backward leaves each micro-batch's BF16 weight gradient on the copies, and `accumulate()` adds them
-  into the masters' fp32 `.grad` in one pass (the first micro-batch's is cast, not added).
+  into the masters' fp32 `.grad` in one pass (the first micro-batch's is cast, not added, into a persistent
+  fp32 buffer that serves as `.grad` every step).
 
 The arithmetic is autocast's: the same BF16 weights enter the same kernels, and each micro-batch's weight
 gradient is rounded to BF16 (the GEMM's output dtype) before it is summed in fp32. Only plain `nn.Linear`
@@ -45,6 +46,7 @@ class ComputeCopies:
         self.masters = [m.weight for m in self.slots]
         self.copies = [nn.Parameter(torch.empty_like(p, dtype=dtype), requires_grad=p.requires_grad)
                        for p in self.masters]
+        self.grad_buffers: list[torch.Tensor | None] = [None] * len(self.masters)   # fp32 .grad, see accumulate
         self._add_into = torch.compile(add_into_, dynamic=False, fullgraph=True) if compile else add_into_
         on_cuda = bool(self.masters) and self.masters[0].is_cuda
         self.stream = torch.cuda.Stream(device=self.masters[0].device) if on_cuda else None
@@ -72,26 +74,39 @@ class ComputeCopies:
 
     @torch.no_grad()
     def accumulate(self) -> None:
-        """Add the copies' gradients of the micro-batch just back-propagated into the masters' fp32 `.grad`."""
-        adds, grads = [], []
-        for p, c in zip(self.masters, self.copies):
+        """Add the copies' gradients of the micro-batch just back-propagated into the masters' fp32 `.grad`.
+
+        A master whose `.grad` is None (the step's first gradient) gets its persistent fp32 buffer as `.grad`,
+        filled by a cast. The buffers are allocated once and never freed: a `.grad` allocated each step and
+        freed by `zero_grad(set_to_none=True)` after being written on the side stream would wait for that
+        stream before its memory is reused, and with the host a step ahead of the GPU (the loop reads each
+        step's loss one step late) a second generation of fp32 gradients would be allocated meanwhile."""
+        casts, cast_from, adds, grads = [], [], [], []
+        for i, (p, c) in enumerate(zip(self.masters, self.copies)):
             if c.grad is None:
                 continue
             if p.grad is None:
-                p.grad = c.grad.to(p.dtype)
+                if self.grad_buffers[i] is None:
+                    self.grad_buffers[i] = torch.empty_like(p)
+                p.grad = self.grad_buffers[i]
+                casts.append(p.grad)
+                cast_from.append(c.grad)
             else:
                 adds.append(p.grad)
                 grads.append(c.grad)
             c.grad = None
-        if not adds:
+        if not casts and not adds:
             return
-        if self.stream is None:
-            self._add_into(adds, grads)
-            return
-        # the masters' .grad stay allocated on the main stream until the step has read them; the BF16 gradients
-        # are recorded on the side stream so that their memory is not reused before the adds have read them
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            self._add_into(adds, grads)
-        for g in grads:
-            g.record_stream(self.stream)
+        stream = self.stream
+        if stream is not None:
+            # the side stream starts after the backward that made the gradients (and after the optimizer step that
+            # last read the buffers); the BF16 gradients are recorded on it so their memory waits for the reads
+            stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if casts:
+                torch._foreach_copy_(casts, cast_from)
+            if adds:
+                self._add_into(adds, grads)
+        if stream is not None:
+            for g in cast_from + grads:
+                g.record_stream(stream)

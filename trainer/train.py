@@ -610,28 +610,53 @@ class Launched:
     loss_sum: torch.Tensor
     grad_norm: torch.Tensor
     extra: dict[str, Any]           # detail steps: effective LR, zero-gradient fractions
+    values: torch.Tensor | None = None      # (loss sum over ranks, gradient norm): pinned host memory on CUDA
+    done: Any = None                        # when the step ended: a CUDA event, or the host's clock
 
 
 class StepRecords:
-    """The per-step records, each read one step late: step N's loss and gradient norm are read (the
-    loop's one host synchronization) after step N+1 is queued, so the GPU never waits while the host
-    writes a record, sets the next learning rates and queues the next micro-batches. A non-finite
-    loss stops the run before any checkpoint after it is written: `flush` reads the step in flight
-    first, and the loop flushes before every checkpoint and evaluation."""
+    """The per-step records, each read one step late. When a step is queued, its loss sum and gradient
+    norm are queued too for a non-blocking copy into pinned host memory, followed by an event; the
+    record of step N is written after step N+1 is queued, waiting on step N's event only (a plain
+    `.item()` would wait for everything queued, step N+1 included). So the GPU never idles while the
+    host writes a record, sets the next learning rates and queues the next micro-batches. A step's time
+    is the GPU's, between the events that end it and the step before it (on CPU, the host's clock). A
+    non-finite loss stops the run before any checkpoint after it is written: the loop flushes the step
+    in flight before every checkpoint and evaluation."""
 
     def __init__(self, dist_: Dist, metrics: MetricsLog, progress: Progress, shape, seq_len: int,
                  tokens_per_step: int, precision: str, peaks):
         self.dist, self.metrics, self.progress = dist_, metrics, progress
         self.shape, self.seq_len, self.tokens_per_step = shape, seq_len, tokens_per_step
         self.precision, self.peaks = precision, peaks
+        self.cuda = dist_.device.type == "cuda"
         self.pending: Launched | None = None
         self.restart_clock()
 
+    def _now(self):
+        """This point of the stream (a timing event on CUDA), or the host's clock."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
     def restart_clock(self) -> None:
         """Time outside steps (evaluation, checkpoints) is not any step's time."""
-        self.mark = time.perf_counter()
+        self.mark = self._now()
 
     def add(self, launched: Launched) -> None:
+        loss_sum = launched.loss_sum
+        if self.dist.world > 1:
+            loss_sum = loss_sum.clone()
+            dist.all_reduce(loss_sum)                   # in the stream (NCCL); gloo on CPU returns done
+        values = torch.stack([loss_sum.double(), launched.grad_norm.detach().double()])
+        if self.cuda:
+            launched.values = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            launched.values.copy_(values, non_blocking=True)
+        else:
+            launched.values = values
+        launched.done = self._now()
         previous, self.pending = self.pending, launched
         if previous is not None:
             self._record(previous)
@@ -642,12 +667,16 @@ class StepRecords:
             self._record(last)
 
     def _record(self, p: Launched) -> None:
-        (loss_sum,) = self.dist.all_reduce_sum([float(p.loss_sum)])          # waits for step p
-        loss, grad_norm = loss_sum / max(p.global_count, 1.0), float(p.grad_norm)
+        if self.cuda:
+            p.done.synchronize()                        # step p's end, not what was queued after it
+            dt = self.mark.elapsed_time(p.done) / 1e3
+        else:
+            dt = p.done - self.mark
+        self.mark = p.done
+        loss_sum, grad_norm = p.values.tolist()
+        loss = loss_sum / max(p.global_count, 1.0)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {p.step}; stopping (last checkpoint is intact)")
-        now = time.perf_counter()
-        dt, self.mark = now - self.mark, now
         if not self.dist.is_main:
             return
         rec: dict[str, Any] = {"kind": "train", "step": p.step, "tokens_seen": p.tokens_seen, "loss": loss,

@@ -90,3 +90,21 @@ def test_a_bf16_run_with_copies_tracks_the_autocast_run(shard_sets, tmp_path, mo
     from trainer import checkpoint as ckpt
     last = ckpt.list_checkpoints(tmp_path / "copies" / "checkpoints")[-1][1]
     assert all(t.dtype == torch.float32 for t in ckpt.load_weights(last, "cpu").values())
+
+
+def test_the_fp32_gradients_live_in_buffers_reused_every_step():
+    """Step after step (the loop's zero_grad(set_to_none=True) between), the masters' .grad is the same
+    persistent buffer, overwritten by each step's first micro-batch: nothing of the previous step remains."""
+    torch.manual_seed(0)
+    model = build_model(preset_config("tiny", **SHAPE), seed=1)
+    copies = ComputeCopies(model)
+    step_a = [torch.randint(0, 97, (2, 17)) for _ in range(2)]
+    step_b = [torch.randint(0, 97, (2, 17)) for _ in range(2)]
+    grads_two_micro_batches(model, step_a, copies)
+    storage = {id(p): p.grad.data_ptr() for p in copies.masters}
+    got_b = grads_two_micro_batches(model, step_b, copies)          # zero_grad(set_to_none=True) first
+    assert all(p.grad.data_ptr() == storage[id(p)] for p in copies.masters)
+    fresh = ComputeCopies(model)
+    want_b = grads_two_micro_batches(model, step_b, fresh)
+    assert all(torch.equal(got_b[n], want_b[n]) for n in want_b)
+    assert all(p.grad.data_ptr() != storage[id(p)] for p in fresh.masters)
