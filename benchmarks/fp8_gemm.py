@@ -13,10 +13,6 @@ times the quantization kernels against a device-to-device copy (bandwidth ceilin
 
 Run on the GPU:  python benchmarks/fp8_gemm.py --out $OUT
 Writes fp8_gemm.json and fp8_gemm.md under --out.
-
-`--quant-sweep` times only the activation quantizer's launch settings (`launch_quant_act`: transposing
-the input tile or the scaled float32 tile, 4 / 8 / 16 warps) at the 1.7B preset's input and output-gradient
-widths, each checked bit for bit against the op's current settings; writes quant_sweep.json.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.flops import QWEN3_SHAPES  # noqa: E402
 from trainer.fp8 import Fp8Recipe, fp8_linear, probe_scaled_mm, quantize_1x128, quantize_128x128  # noqa: E402
 from trainer.fp8 import gemm  # noqa: E402
-from trainer.fp8 import triton_kernels  # noqa: E402
 from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available  # noqa: E402
 
 
@@ -178,27 +173,6 @@ def quant_bandwidth() -> list[dict]:
     return rows
 
 
-def quant_sweep(m: int = 32768) -> list[dict]:
-    """The activation quantizer's launch settings side by side (dual copy: row + transposed)."""
-    base = dict(transpose_input=triton_kernels.ACT_TRANSPOSE_INPUT, num_warps=triton_kernels.ACT_NUM_WARPS)
-    rows = []
-    # 1.7B: the inputs of qkv / o / gate-up (2048) and down (6144); the output gradients of qkv (4096), gate-up (12288)
-    for k in (2048, 4096, 6144, 12288):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        nbytes = x.numel() * (2 + 1 + 1 + 8 / 128)
-        ref = triton_kernels.launch_quant_act(x, True, True, True, **base)
-        for transpose_input in (False, True):
-            for warps in (4, 8, 16):
-                got = triton_kernels.launch_quant_act(x, True, True, True, transpose_input, warps)
-                same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype != torch.float32
-                           else torch.equal(a, b) for a, b in zip(got, ref))
-                t = bench_ms(lambda: triton_kernels.launch_quant_act(x, True, True, True, transpose_input, warps))
-                rows.append({"M": m, "K": k, "transpose_input": transpose_input, "num_warps": warps, "ms": t,
-                             "GBps": nbytes / t / 1e6, "bit_identical": same})
-                print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def _row(r: dict, columns: list[tuple[str, str]]) -> str:
     """One markdown table row: each (key, format) cell of `r`, '–' where the key is missing."""
     return "| " + " | ".join(fmt.format(r[key]) if key in r else "–" for key, fmt in columns) + " |"
@@ -234,13 +208,9 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--m", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--no-step", action="store_true", help="skip the forward+backward timings")
-    ap.add_argument("--quant-sweep", action="store_true", help="only the activation quantizer's launch settings")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.quant_sweep:
-        (out / "quant_sweep.json").write_text(json.dumps({"device": device_info(), "rows": quant_sweep()}, indent=1))
-        return
     torch.backends.cuda.matmul.allow_tf32 = False
     info = device_info()
     caps = probe_scaled_mm("cuda")

@@ -66,15 +66,14 @@ if triton is not None:
     def _act_kernel(
         x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, M_pad, stride_xm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
-        TRANSPOSE_INPUT: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_k = tl.program_id(1)
         rm = pid_m * BLOCK + tl.arange(0, BLOCK)
         rk = pid_k * BLOCK + tl.arange(0, BLOCK)
         in_rows = rm < M
-        raw = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=in_rows[:, None], other=0.0)
-        x = raw.to(tl.float32)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=in_rows[:, None], other=0.0)
+        x = x.to(tl.float32)
         ax = tl.abs(x)
         if WRITE_ROW:
             s_r, inv_r = _scales(tl.max(ax, axis=1), POW2)
@@ -83,16 +82,9 @@ if triton is not None:
             # s storage is (K/128, M): the (M, K/128) column-major operand scaled_mm wants
             tl.store(s_ptr + pid_k * M + rm, s_r, mask=in_rows)
         if WRITE_T:
-            if TRANSPOSE_INPUT:
-                # transpose the input tile in its own dtype (half the shared memory of float32 for BF16),
-                # then scale: the same float32 products per element, so the same bits
-                xt = tl.trans(raw).to(tl.float32)
-                s_c, inv_c = _scales(tl.max(tl.abs(xt), axis=1), POW2)
-                qc = tl.clamp(xt * inv_c[:, None], -448.0, 448.0).to(tl.float8e4nv)
-            else:
-                s_c, inv_c = _scales(tl.max(ax, axis=0), POW2)
-                # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
-                qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
+            s_c, inv_c = _scales(tl.max(ax, axis=0), POW2)
+            # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
+            qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
             tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], qc)
             # st storage is (M_pad/128, K): the (K, M_pad/128) column-major operand
             tl.store(st_ptr + pid_m * K + rk, s_c)
@@ -130,16 +122,10 @@ def _check_k(name: str, k: int) -> None:
         raise ValueError(f"{name}: the reduction dimension ({k}) must be a multiple of {GROUP} on the CUDA path")
 
 
-# How `quant_act` launches `_act_kernel` (benchmarks/fp8_gemm.py --quant-sweep measures the alternatives)
-ACT_TRANSPOSE_INPUT = False
-ACT_NUM_WARPS = 8
-
-
-def launch_quant_act(
-    x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool,
-    transpose_input: bool = ACT_TRANSPOSE_INPUT, num_warps: int = ACT_NUM_WARPS,
+@torch.library.custom_op(f"{_NS}::quant_act", mutates_args=())
+def _quant_act_op(
+    x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The op's body: (q, s storage, qt, st storage) of a 2-D CUDA tensor, with the launch settings explicit."""
     m, k = x.shape
     _check_k("quant_act", k)
     if x.stride(1) != 1:
@@ -155,17 +141,9 @@ def launch_quant_act(
         grid = (m_pad // GROUP, k // GROUP)
         _act_kernel[grid](
             x, q, s_store, qt, st_store, m, k, m_pad, x.stride(0),
-            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, TRANSPOSE_INPUT=transpose_input,
-            num_warps=num_warps,
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, num_warps=8,
         )
     return q, s_store, qt, st_store
-
-
-@torch.library.custom_op(f"{_NS}::quant_act", mutates_args=())
-def _quant_act_op(
-    x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch_quant_act(x, pow2, write_row, write_t)
 
 
 @_quant_act_op.register_fake
