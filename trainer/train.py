@@ -83,16 +83,22 @@ class Dist:
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
             self.initialized_here = True
+        # host numbers (a step's loss-token count) are summed over gloo on the CPU: through NCCL they would be
+        # a device tensor read back with .tolist(), a wait for everything the GPU has queued
+        self.host_group = None
+        if self.world > 1 and dist.get_backend() != "gloo":
+            self.host_group = dist.new_group(backend="gloo")
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Host numbers summed over the ranks (on the CPU, never waiting for the GPU)."""
         if self.world == 1:
             return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.host_group)
         return t.tolist()
 
     def barrier(self) -> None:

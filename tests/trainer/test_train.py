@@ -224,3 +224,20 @@ def test_a_non_finite_loss_stops_before_any_checkpoint_after_it(shard_sets, tmp_
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2, 3]
     assert calls["n"] == 5                                   # step 5 was queued before step 4 was read
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")] == [3]
+
+
+def test_host_numbers_are_summed_over_gloo_beside_a_device_backend(tmp_path, monkeypatch):
+    """Under a device backend (NCCL on GPU; here gloo named per device type, which is not plain "gloo")
+    the loop's host numbers go through a gloo group of their own, on CPU tensors."""
+    import torch.distributed as dist
+
+    from trainer.train import Dist
+
+    monkeypatch.setenv("WORLD_SIZE", "2")          # what a 2-rank run sees; the group itself has 1 rank here
+    dist.init_process_group("cpu:gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        d = Dist("cpu")
+        assert d.host_group is not None and dist.get_backend(d.host_group) == "gloo"
+        assert d.all_reduce_sum([3.0, 0.5]) == [3.0, 0.5]
+    finally:
+        dist.destroy_process_group()
