@@ -605,19 +605,14 @@ class Stepper:
 
 
 @dataclasses.dataclass
-class Launched:
-    """A step whose kernels are queued: its loss sum and gradient norm are device tensors until
-    `StepRecords` reads them; the rest is known on the host when the step is queued."""
+class StepInfo:
+    """What the host knows of a step when it is queued (its loss and gradient norm come later)."""
     step: int
     tokens_seen: int
     lr_base: float
     lrs: dict[str, float]
     global_count: float
-    loss_sum: torch.Tensor
-    grad_norm: torch.Tensor
     extra: dict[str, Any]           # detail steps: effective LR, zero-gradient fractions
-    values: torch.Tensor | None = None      # (loss sum over ranks, gradient norm): pinned host memory on CUDA
-    done: Any = None                        # when the step ended: a CUDA event, or the host's clock
 
 
 class StepRecords:
@@ -636,7 +631,7 @@ class StepRecords:
         self.shape, self.seq_len, self.tokens_per_step = shape, seq_len, tokens_per_step
         self.precision, self.peaks = precision, peaks
         self.cuda = dist_.device.type == "cuda"
-        self.pending: Launched | None = None
+        self.pending: tuple[StepInfo, torch.Tensor, Any] | None = None    # the step in flight
         self.restart_clock()
 
     def _now(self):
@@ -651,35 +646,32 @@ class StepRecords:
         """Time outside steps (evaluation, checkpoints) is not any step's time."""
         self.mark = self._now()
 
-    def add(self, launched: Launched) -> None:
-        loss_sum = launched.loss_sum
+    def add(self, info: StepInfo, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Queue the step's numbers for the host, then write the previous step's record."""
         if self.dist.world > 1:
             loss_sum = loss_sum.clone()
             dist.all_reduce(loss_sum)                   # in the stream (NCCL); gloo on CPU returns done
-        values = torch.stack([loss_sum.double(), launched.grad_norm.detach().double()])
+        values = torch.stack([loss_sum.double(), grad_norm.detach().double()])
         if self.cuda:
-            launched.values = torch.empty(2, dtype=torch.float64, pin_memory=True)
-            launched.values.copy_(values, non_blocking=True)
-        else:
-            launched.values = values
-        launched.done = self._now()
-        previous, self.pending = self.pending, launched
+            host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            values = host.copy_(values, non_blocking=True)
+        previous, self.pending = self.pending, (info, values, self._now())
         if previous is not None:
-            self._record(previous)
+            self._record(*previous)
 
     def flush(self) -> None:
         if self.pending is not None:
             last, self.pending = self.pending, None
-            self._record(last)
+            self._record(*last)
 
-    def _record(self, p: Launched) -> None:
+    def _record(self, p: StepInfo, values: torch.Tensor, done) -> None:
         if self.cuda:
-            p.done.synchronize()                        # step p's end, not what was queued after it
-            dt = self.mark.elapsed_time(p.done) / 1e3
+            done.synchronize()                          # step p's end, not what was queued after it
+            dt = self.mark.elapsed_time(done) / 1e3
         else:
-            dt = p.done - self.mark
-        self.mark = p.done
-        loss_sum, grad_norm = p.values.tolist()
+            dt = done - self.mark
+        self.mark = done
+        loss_sum, grad_norm = values.tolist()
         loss = loss_sum / max(p.global_count, 1.0)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {p.step}; stopping (last checkpoint is intact)")
@@ -693,7 +685,7 @@ class StepRecords:
             rec["mfu"] = throughput_report(self.shape, self.seq_len, self.tokens_per_step, dt,
                                            fp8=self.precision == "fp8-blockwise", peaks=self.peaks,
                                            n_gpus=self.dist.world)["mfu_vs_bf16_peak"]
-        if self.dist.device.type == "cuda":
+        if self.cuda:
             rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.dist.device) / 2**30
         rec.update(p.extra)
         self.metrics.write(rec)
@@ -850,7 +842,7 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
         tokens_seen += tokens_per_step
         extra = {"effective_lr": {k: sum(v) / len(v) for k, v in optimizer.effective_lr.items()},
                  "zero_grad_frac": zero_frac} if detail and dist_.is_main else {}
-        records.add(Launched(step, tokens_seen, lr_base, lrs, global_count, loss_sum_t, grad_norm_t, extra))
+        records.add(StepInfo(step, tokens_seen, lr_base, lrs, global_count, extra), loss_sum_t, grad_norm_t)
         if cfg.train.gc_every_steps and step % cfg.train.gc_every_steps == 0:
             gc.collect(1)
         do_eval = bool(cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < total_steps)

@@ -15,16 +15,21 @@ from trainer.train import train
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def cuda_run(run_dir, precision: str, steps: int, detail_every: int) -> dict:
+    """A small compiled run on synthetic tokens, as a config dict."""
+    return {"run_dir": str(run_dir), "precision": precision, "compile": True,
+            "model": {"preset": "tiny", "overrides": {"d_model": 256, "n_heads": 4, "n_kv_heads": 2, "head_dim": 64,
+                                                      "d_ff": 512}},
+            "data": {"synthetic": {"vocab_size": 512, "seq_len": 256}},
+            "train": {"steps": steps, "global_batch": 8, "micro_batch": 4},
+            "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 2},
+            "checkpoint": {"every_steps": 0, "at_end": False},
+            "log": {"progress": "none", "detail_every": detail_every}}
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp8-blockwise"])
 def test_compiled_loop_trains_on_cuda(tmp_path, precision):
-    cfg = {"run_dir": str(tmp_path / precision), "precision": precision, "compile": True,
-           "model": {"preset": "tiny", "overrides": {"d_model": 256, "n_heads": 4, "n_kv_heads": 2, "head_dim": 64,
-                                                     "d_ff": 512}},
-           "data": {"synthetic": {"vocab_size": 512, "seq_len": 256}},
-           "train": {"steps": 12, "global_batch": 8, "micro_batch": 4},
-           "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 2},
-           "checkpoint": {"every_steps": 0, "at_end": False}, "log": {"progress": "none", "detail_every": 4}}
-    train(load_run_config(None, data=cfg))
+    train(load_run_config(None, data=cuda_run(tmp_path / precision, precision, steps=12, detail_every=4)))
     recs = [json.loads(line) for line in (tmp_path / precision / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in recs if r["kind"] == "train"]
     assert len(train_recs) == 12
@@ -141,12 +146,5 @@ def test_a_step_of_the_loop_never_waits_for_the_gpu(tmp_path, monkeypatch, preci
             torch.cuda.set_sync_debug_mode("default")
 
     monkeypatch.setattr(loop.Stepper, "__call__", strict)
-    cfg = {"run_dir": str(tmp_path / precision), "precision": precision, "compile": True,
-           "model": {"preset": "tiny", "overrides": {"d_model": 256, "n_heads": 4, "n_kv_heads": 2, "head_dim": 64,
-                                                     "d_ff": 512}},
-           "data": {"synthetic": {"vocab_size": 512, "seq_len": 256}},
-           "train": {"steps": 5, "global_batch": 8, "micro_batch": 4},
-           "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 2},
-           "checkpoint": {"every_steps": 0, "at_end": False}, "log": {"progress": "none", "detail_every": 1000}}
-    train(load_run_config(None, data=cfg))
+    train(load_run_config(None, data=cuda_run(tmp_path / precision, precision, steps=5, detail_every=1000)))
     assert calls["n"] == 5
