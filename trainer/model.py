@@ -192,7 +192,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)). A down projection with `forward_swiglu(x, w_gate_up)`
+    computes the whole MLP (FP8: one fused computation); any other runs the linears one by one."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -201,8 +202,16 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = sibling_linears(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(F.silu(gate) * up)
+        gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+        fused = getattr(down, "forward_swiglu", None)
+        if fused is not None and type(gate) is type(down) and type(up) is type(down):
+            # the down projection computes the whole MLP from the stacked gate-up weight
+            # (`trainer.fp8.Fp8Linear`: the SwiGLU product fused into its FP8 quantization)
+            y = fused(x, torch.cat([gate.weight, up.weight]))
+            if y is not None:
+                return y
+        g, u = sibling_linears(x, (gate, up))
+        return down(F.silu(g) * u)
 
 
 class Block(nn.Module):

@@ -474,6 +474,53 @@ def test_fp8_siblings_share_one_input_quantization_and_equal_separate_layers():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
+def test_fused_fp8_swiglu_mlp_equals_the_linears_one_by_one():
+    """The MLP whose down projection is an Fp8Linear runs as one fused FP8 computation (SwiGLU inside
+    the quantizations); with the emulation it quantizes exactly the operands that the gate-up sibling
+    linear and a separate down projection quantize, so output and every gradient agree to float32
+    summation order. Without gradients (inference) it gives the same output."""
+    from trainer.model import MLP, ModelConfig, sibling_linears
+
+    cfg = ModelConfig(vocab_size=10, d_model=256, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=128, d_ff=384)
+    mlp = MLP(cfg)
+    g = torch.Generator().manual_seed(3)
+    for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        m.weight.data = torch.randn(m.weight.shape, generator=g) * 0.05
+    convert_to_fp8(mlp, Fp8Recipe(backend="emulate"))
+    x = _spread(192, 256, seed=4).requires_grad_(True)
+    dy = torch.randn(192, 256, generator=g)
+    layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+    def unfused():
+        gate, up = sibling_linears(x, layers[:2])
+        return mlp.down_proj(F.silu(gate) * up)
+
+    def run(fn):
+        for m in layers:
+            m.zero_grad()
+        x.grad = None
+        y = fn()
+        (y * dy).sum().backward()
+        return [y.detach()] + [m.weight.grad.clone() for m in layers] + [x.grad.clone()]
+
+    calls = []
+    original = type(mlp.down_proj).forward_swiglu
+    def spy(self, *a):
+        calls.append(1)
+        return original(self, *a)
+    type(mlp.down_proj).forward_swiglu = spy
+    try:
+        fused = run(lambda: mlp(x))
+    finally:
+        type(mlp.down_proj).forward_swiglu = original
+    assert calls, "the MLP did not take the fused path"
+    ref = run(unfused)
+    for a, b in zip(fused, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), ref[0], rtol=1e-5, atol=1e-5 * ref[0].abs().max().item())
+
+
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():
     """cuBLAS needs the FP8 A operand row-major; quantizing x.t() (Wgrad) must not return a view."""
     x = torch.randn(256, 384, dtype=torch.bfloat16)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from trainer.fp8 import Fp8Linear, Fp8Recipe, convert_to_fp8, fp8_linear, probe_scaled_mm, quantize_1x128, quantize_128x128
 from trainer.fp8.gemm import emulated_dgrad, emulated_fprop, emulated_wgrad
-from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available
+from trainer.fp8.triton_kernels import quant_act, quant_weight, swiglu_bwd_quant, swiglu_quant, triton_available
 
 pytestmark = [
     pytest.mark.gpu,
@@ -148,6 +148,71 @@ def test_triton_and_torch_quantizers_give_identical_layers():
         grads.append((y.detach(), xi.grad, wi.grad))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def _same_quantization(name, got, x, pow2):
+    """``got`` = (q, s, qt, st) equals :func:`quant_act` of ``x`` byte for byte."""
+    for part, a, b in zip(("q", "scale", "transposed q", "transposed scale"), got, quant_act(x, pow2, True, True)):
+        _same_bytes(f"{name}: {part}", a, b)
+
+
+@needs_triton
+@pytest.mark.parametrize("m", [4096, 1000])
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_triton_swiglu_quant_equals_eager_swiglu_then_quant(m, scale_format):
+    """The fused kernel quantizes exactly the h = silu(gate) * up that eager BF16 torch computes."""
+    f = 768
+    gu = _spread(m, 2 * f, seed=m + 1)
+    gate, up = gu.chunk(2, dim=-1)
+    pow2 = scale_format == "pow2"
+    _same_quantization("swiglu", swiglu_quant(gu, pow2, True), F.silu(gate) * up, pow2)
+
+
+@needs_triton
+@pytest.mark.parametrize("m", [4096, 1000])
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_triton_swiglu_backward_quant_equals_eager_autograd_then_quant(m, scale_format):
+    """The fused backward quantizes exactly the d[gate | up] that eager BF16 autograd computes."""
+    f = 768
+    gu = _spread(m, 2 * f, seed=m + 2).requires_grad_()
+    dh = _spread(m, f, seed=m + 3)
+    gate, up = gu.chunk(2, dim=-1)
+    (F.silu(gate) * up).backward(dh)
+    pow2 = scale_format == "pow2"
+    got = swiglu_bwd_quant(gu.detach(), dh, pow2, True, True)
+    _same_quantization("swiglu backward", got, gu.grad, pow2)
+    rows_only = swiglu_bwd_quant(gu.detach(), dh, pow2, True, False)
+    _same_bytes("rows only: q", rows_only[0], got[0])
+    assert rows_only[2].numel() == 0
+
+
+@needs_blockwise
+@needs_triton
+def test_fused_fp8_swiglu_mlp_triton_equals_torch_quantizer_and_tracks_bf16():
+    """The fused MLP (`Fp8Linear.forward_swiglu`) on cuBLAS: the Triton kernels give bitwise the
+    torch-quantizer result, and the FP8 MLP tracks the BF16 one to FP8 noise."""
+    from trainer.model import MLP, ModelConfig
+
+    cfg = ModelConfig(vocab_size=10, d_model=2048, n_layers=1, n_heads=16, n_kv_heads=8, head_dim=128, d_ff=6144)
+    torch.manual_seed(0)
+    base = MLP(cfg).cuda()
+    x = (torch.randn(4096, 2048, device="cuda")).to(torch.bfloat16)
+    dy = torch.randn(4096, 2048, device="cuda").to(torch.bfloat16)
+    results = {}
+    for name in ("bf16", "torch", "triton"):
+        mlp = MLP(cfg).cuda()
+        mlp.load_state_dict(base.state_dict())
+        if name != "bf16":
+            convert_to_fp8(mlp, Fp8Recipe(backend="cuda-scaled-mm", quantizer=name))
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = mlp(xi)
+        y.backward(dy)
+        results[name] = [y.detach(), xi.grad] + [m.weight.grad for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+    for a, b in zip(results["triton"], results["torch"]):
+        assert torch.equal(a, b)
+    for a, b in zip(results["triton"], results["bf16"]):
+        assert _rel(a, b) < 0.1
 
 
 class _Tiny(nn.Module):

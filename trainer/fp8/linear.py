@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from trainer.fp8 import gemm
 from trainer.fp8.quantize import ceil_div, quantize_1x128, quantize_128x128
 from trainer.fp8.recipe import GROUP, Fp8Recipe
-from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available
+from trainer.fp8.triton_kernels import (
+    quant_act,
+    quant_weight,
+    swiglu_bwd_quant,
+    swiglu_quant,
+    triton_available,
+)
 
 EMULATE = "emulate"
 SCALED_MM = "cuda-scaled-mm"
@@ -165,19 +171,119 @@ class _Fp8LinearFn(torch.autograd.Function):
         )
         dx = dw = db = None
         if need_dx:
-            if backend == SCALED_MM:
-                dx = gemm.scaled_mm_dgrad(dyq, dys, wdq, ws, _caps_for(dy), out_dtype=torch.bfloat16)
-            else:
-                dx = gemm.emulated_dgrad(dyq, dys, wdq, ws)
-            dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
+            dx = _dgrad(dyq, dys, wdq, ws, backend, dy).to(ctx.x_dtype).reshape(ctx.x_shape)
         if need_dw:
-            if backend == SCALED_MM:
-                dw = gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(dy), out_dtype=ctx.w_dtype)
-            else:
-                dw = gemm.emulated_wgrad(dytq, dyts, xtq, xts).to(ctx.w_dtype)
+            dw = _wgrad(dytq, dyts, xtq, xts, backend, dy, ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
         return dx, dw, db, None, None, None, None
+
+
+def _dgrad(dyq, dys, wdq, ws, backend, like):
+    if backend == SCALED_MM:
+        return gemm.scaled_mm_dgrad(dyq, dys, wdq, ws, _caps_for(like), out_dtype=torch.bfloat16)
+    return gemm.emulated_dgrad(dyq, dys, wdq, ws)
+
+
+def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype):
+    if backend == SCALED_MM:
+        return gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(like), out_dtype=w_dtype)
+    return gemm.emulated_wgrad(dytq, dyts, xtq, xts).to(w_dtype)
+
+
+def _swiglu_quant(gu, scale_format, quantizer, backend, transposed):
+    """The down projection's quantized input ``h = silu(gate) * up`` from the stacked gate-up output
+    ``gu`` (M, 2F): one Triton pass that never writes ``h``, or torch ops then :func:`_quant_act`."""
+    if quantizer == "triton":
+        q, s, qt, st = swiglu_quant(gu, scale_format == "pow2", transposed)
+        return (q, s), (qt, st) if transposed else (None, None)
+    gate, up = gu.chunk(2, dim=-1)
+    return _quant_act(F.silu(gate) * up, scale_format, quantizer, backend, rows=True, transposed=transposed)
+
+
+def _swiglu_bwd_quant(gu, dh, scale_format, quantizer, backend, rows, transposed):
+    """The quantized output gradient of the stacked gate-up linear, ``d[gate | up]`` of
+    ``h = silu(gate) * up`` given ``dh``; as eager torch's autograd computes it (BF16 in, BF16 out)."""
+    if quantizer == "triton":
+        q, s, qt, st = swiglu_bwd_quant(gu, dh, scale_format == "pow2", rows, transposed)
+        return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
+    gate, up = gu.chunk(2, dim=-1)
+    dgu = torch.cat([torch.ops.aten.silu_backward(dh * up, gate), dh * F.silu(gate)], dim=-1)
+    return _quant_act(dgu, scale_format, quantizer, backend, rows=rows, transposed=transposed)
+
+
+def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, out_dtype, need_dx, need_dwgu, need_dwd):
+    """``y = down(silu(gate) * up)`` of the (M, D) input ``x2``, and what backward needs (Nones where a
+    gradient is not wanted; all None for inference)."""
+    need_dh = need_dx or need_dwgu
+    (xq, xs), (xtq, xts) = _quant_act(x2, fmt, quantizer, backend, rows=True, transposed=need_dwgu)
+    wq, ws, wtq = _quant_weight(w_gu, fmt, quantizer, backend, transposed=need_dx)
+    gu = _fprop(xq, xs, wq, ws, backend, x2, out_dtype)
+    (hq, hs), (htq, hts) = _swiglu_quant(gu, fmt, quantizer, backend, transposed=need_dwd)
+    w2q, w2s, w2tq = _quant_weight(w_down, fmt, quantizer, backend, transposed=need_dh)
+    y = _fprop(hq, hs, w2q, w2s, backend, x2, out_dtype)
+    on_cublas = backend == SCALED_MM
+    saved = (
+        gu if need_dh else None,
+        xtq if need_dwgu else None, xts if need_dwgu else None,
+        (wtq if on_cublas else wq) if need_dx else None, ws if need_dx else None,
+        htq if need_dwd else None, hts if need_dwd else None,
+        (w2tq if on_cublas else w2q) if need_dh else None, w2s if need_dh else None,
+    )
+    return y, saved
+
+
+class _Fp8SwiGLUFn(torch.autograd.Function):
+    """``down(silu(gate(x)) * up(x))`` with the three linears in blockwise FP8, gate and up as one
+    linear over their stacked weight ``w_gu`` (2F, D). The SwiGLU product is fused into the
+    quantization of the down projection's input, and its backward into the quantization of the
+    gate-up output gradient: neither ``h`` nor ``d[gate | up]`` exists in BF16. Saved for backward:
+    FP8 ``x^T`` and ``h^T`` (Wgrads), the FP8 weights (Dgrads) and the BF16 gate-up output."""
+
+    @staticmethod
+    def forward(ctx, x, w_gu, w_down, scale_format: str, backend: str, quantizer: str, out_dtype: torch.dtype):
+        x2 = x.reshape(-1, x.shape[-1])
+        y, saved = _swiglu_forward(x2, w_gu, w_down, scale_format, backend, quantizer, out_dtype,
+                                   *ctx.needs_input_grad[:3])
+        ctx.scale_format, ctx.backend, ctx.quantizer = scale_format, backend, quantizer
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtypes = x.shape, x.dtype, (w_gu.dtype, w_down.dtype)
+        ctx.save_for_backward(*saved)
+        return y.reshape(*x.shape[:-1], w_down.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        gu, xtq, xts, wdq, ws, htq, hts, w2dq, w2s = ctx.saved_tensors
+        need_dx, need_dwgu, need_dwd = ctx.needs_input_grad[:3]
+        need_dh = need_dx or need_dwgu
+        fmt, quantizer, backend = ctx.scale_format, ctx.quantizer, ctx.backend
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        (dyq, dys), (dytq, dyts) = _quant_act(dy2, fmt, quantizer, backend, rows=need_dh, transposed=need_dwd)
+        dx = dw_gu = dw_down = None
+        if need_dwd:
+            dw_down = _wgrad(dytq, dyts, htq, hts, backend, dy, ctx.w_dtypes[1])
+        if need_dh:
+            dh = _dgrad(dyq, dys, w2dq, w2s, backend, dy).to(gu.dtype)
+            (gq, gs), (gtq, gts) = _swiglu_bwd_quant(gu, dh, fmt, quantizer, backend, rows=need_dx,
+                                                     transposed=need_dwgu)
+            if need_dx:
+                dx = _dgrad(gq, gs, wdq, ws, backend, dy).to(ctx.x_dtype).reshape(ctx.x_shape)
+            if need_dwgu:
+                dw_gu = _wgrad(gtq, gts, xtq, xts, backend, dy, ctx.w_dtypes[0])
+        return dx, dw_gu, dw_down, None, None, None, None
+
+
+def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer_pref: str) -> torch.Tensor | None:
+    """The fused SwiGLU MLP, or None where its linears would not run on one backend and quantizer
+    (then the caller runs them one by one)."""
+    backend, quantizer = _resolve(backend_pref, quantizer_pref, x, w_gu)
+    if _resolve(backend_pref, quantizer_pref, x, w_down) != (backend, quantizer):
+        return None
+    out_dtype = _output_dtype(x)
+    if not (torch.is_grad_enabled() and (x.requires_grad or w_gu.requires_grad or w_down.requires_grad)):
+        y, _ = _swiglu_forward(x.reshape(-1, x.shape[-1]), w_gu, w_down, scale_format, backend, quantizer,
+                               out_dtype, False, False, False)
+        return y.reshape(*x.shape[:-1], w_down.shape[0])
+    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, scale_format, backend, quantizer, out_dtype)
 
 
 def fp8_linear(
@@ -240,6 +346,15 @@ class Fp8Linear(nn.Linear):
         """This layer's recipe applied to another weight: `trainer.model.sibling_linears` passes the
         stacked weights of q, k, v (or gate, up) so that their shared input is quantized once."""
         return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref)
+
+    def forward_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor | None:
+        """This layer as the down projection of a SwiGLU MLP, ``self(silu(gate) * up)`` with
+        ``[gate | up] = x w_gate_up^T``, in one fused FP8 computation (`trainer.model.MLP` passes the
+        stacked gate and up weights). None where the fusion does not apply (a bias, or linears that
+        resolve to different backends): the caller then runs the linears one by one."""
+        if self.bias is not None:
+            return None
+        return _fp8_swiglu(x, w_gate_up, self.weight, self.scale_format, self.backend_pref, self.quantizer_pref)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}"

@@ -32,11 +32,13 @@ _NS = "purokit_fp8"
 try:  # Triton is optional: absent on CPU-only installs
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
     _TRITON_IMPORT_ERROR: str | None = None
 except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
     triton = None
     tl = None
+    libdevice = None
     _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 
@@ -63,6 +65,29 @@ if triton is not None:
         return scale, inv
 
     @triton.jit
+    def _quant_store(
+        x, rm, rk, kb, mb, M, K, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
+        POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr,
+    ):
+        """Quantize one float32 128x128 tile ``x`` (rows ``rm`` of M tokens, columns ``rk`` of a K-wide
+        output; ``kb``/``mb`` its column/row block) into the row copy and the transposed copy."""
+        in_rows = rm < M
+        ax = tl.abs(x)
+        if WRITE_ROW:
+            s_r, inv_r = _scales(tl.max(ax, axis=1), POW2)
+            q = tl.clamp(x * inv_r[:, None], -448.0, 448.0).to(tl.float8e4nv)
+            tl.store(q_ptr + rm[:, None] * K + rk[None, :], q, mask=in_rows[:, None])
+            # s storage is (K/128, M): the (M, K/128) column-major operand scaled_mm wants
+            tl.store(s_ptr + kb * M + rm, s_r, mask=in_rows)
+        if WRITE_T:
+            s_c, inv_c = _scales(tl.max(ax, axis=0), POW2)
+            # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
+            qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
+            tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], qc)
+            # st storage is (M_pad/128, K): the (K, M_pad/128) column-major operand
+            tl.store(st_ptr + mb * K + rk, s_c)
+
+    @triton.jit
     def _act_kernel(
         x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, M_pad, stride_xm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
@@ -73,21 +98,65 @@ if triton is not None:
         rk = pid_k * BLOCK + tl.arange(0, BLOCK)
         in_rows = rm < M
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=in_rows[:, None], other=0.0)
-        x = x.to(tl.float32)
-        ax = tl.abs(x)
-        if WRITE_ROW:
-            s_r, inv_r = _scales(tl.max(ax, axis=1), POW2)
-            q = tl.clamp(x * inv_r[:, None], -448.0, 448.0).to(tl.float8e4nv)
-            tl.store(q_ptr + rm[:, None] * K + rk[None, :], q, mask=in_rows[:, None])
-            # s storage is (K/128, M): the (M, K/128) column-major operand scaled_mm wants
-            tl.store(s_ptr + pid_k * M + rm, s_r, mask=in_rows)
-        if WRITE_T:
-            s_c, inv_c = _scales(tl.max(ax, axis=0), POW2)
-            # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
-            qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
-            tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], qc)
-            # st storage is (M_pad/128, K): the (K, M_pad/128) column-major operand
-            tl.store(st_ptr + pid_m * K + rk, s_c)
+        _quant_store(x.to(tl.float32), rm, rk, pid_k, pid_m, M, K, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     POW2, WRITE_ROW, WRITE_T)
+
+    @triton.jit
+    def _silu_parts(g):
+        """silu(g) and sigmoid(g) in float32 as torch's CUDA kernels compute them (accurate expf,
+        correctly rounded division), so that the fused kernels round like eager torch."""
+        e = libdevice.exp(-g)
+        sig = tl.math.div_rn(1.0 + tl.zeros_like(g), 1.0 + e)
+        return tl.math.div_rn(g, 1.0 + e), sig
+
+    @triton.jit
+    def _bf16(x):
+        return x.to(tl.bfloat16).to(tl.float32)
+
+    @triton.jit
+    def _swiglu_kernel(
+        gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm,
+        POW2: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        """h = silu(gate) * up from the stacked (M, 2F) gate-up output, quantized for the down
+        projection: h is never written in BF16."""
+        pid_m = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = pid_m * BLOCK + tl.arange(0, BLOCK)
+        rk = pid_k * BLOCK + tl.arange(0, BLOCK)
+        rows = rm[:, None] < M
+        base = gu_ptr + rm[:, None] * stride_gm + rk[None, :]
+        g = tl.load(base, mask=rows, other=0.0).to(tl.float32)
+        u = tl.load(base + F, mask=rows, other=0.0).to(tl.float32)
+        silu, _ = _silu_parts(g)
+        h = _bf16(_bf16(silu) * u)  # eager torch: silu(g) in BF16, times up, in BF16
+        _quant_store(h, rm, rk, pid_k, pid_m, M, F, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr, POW2, True, WRITE_T)
+
+    @triton.jit
+    def _swiglu_bwd_kernel(
+        gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm, stride_dm,
+        POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        """d(gate), d(up) of h = silu(gate) * up, written straight as the quantized output gradient
+        (M, 2F) of the stacked gate-up linear: row copy for its Dgrad, transposed copy for its Wgrad."""
+        pid_m = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = pid_m * BLOCK + tl.arange(0, BLOCK)
+        rk = pid_k * BLOCK + tl.arange(0, BLOCK)
+        rows = rm[:, None] < M
+        base = gu_ptr + rm[:, None] * stride_gm + rk[None, :]
+        g = tl.load(base, mask=rows, other=0.0).to(tl.float32)
+        u = tl.load(base + F, mask=rows, other=0.0).to(tl.float32)
+        dh = tl.load(dh_ptr + rm[:, None] * stride_dm + rk[None, :], mask=rows, other=0.0).to(tl.float32)
+        silu, sig = _silu_parts(g)
+        # eager torch's autograd of silu(g) * up in BF16: d(up) = dh * silu(g); d(silu) = dh * up, then
+        # silu_backward: d(silu) * sig * (1 + g (1 - sig))
+        dg = _bf16(_bf16(dh * u) * sig * (1.0 + g * (1.0 - sig)))
+        _quant_store(dg, rm, rk, pid_k, pid_m, M, 2 * F, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     POW2, WRITE_ROW, WRITE_T)
+        du = _bf16(dh * _bf16(silu))
+        _quant_store(du, rm, rk + F, pid_k + F // BLOCK, pid_m, M, 2 * F, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
+                     POW2, WRITE_ROW, WRITE_T)
 
     @triton.jit
     def _weight_kernel(
@@ -122,6 +191,21 @@ def _check_k(name: str, k: int) -> None:
         raise ValueError(f"{name}: the reduction dimension ({k}) must be a multiple of {GROUP} on the CUDA path")
 
 
+def _act_outputs(x: torch.Tensor, m: int, k: int, write_row: bool, write_t: bool):
+    """Empty outputs of a (m, k) activation quantization (copies not asked for have no rows):
+    ``q`` (m, k), ``s`` storage (k/128, m), ``qt`` (k, m_pad), ``st`` storage (m_pad/128, k)."""
+    m_pad = ceil_div(m, GROUP) * GROUP
+    q = x.new_empty((m, k) if write_row else (0, k), dtype=FP8_DTYPE)
+    s_store = x.new_empty((k // GROUP, m) if write_row else (0, m), dtype=torch.float32)
+    qt = x.new_empty((k, m_pad) if write_t else (0, m_pad), dtype=FP8_DTYPE)
+    st_store = x.new_empty((m_pad // GROUP, k) if write_t else (0, k), dtype=torch.float32)
+    return q, s_store, qt, st_store
+
+
+def _grid(m: int, k: int) -> tuple[int, int]:
+    return ceil_div(m, GROUP), k // GROUP
+
+
 @torch.library.custom_op(f"{_NS}::quant_act", mutates_args=())
 def _quant_act_op(
     x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool
@@ -130,31 +214,24 @@ def _quant_act_op(
     _check_k("quant_act", k)
     if x.stride(1) != 1:
         x = x.contiguous()
-    m_pad = ceil_div(m, GROUP) * GROUP
-    dev = x.device
-    q = torch.empty((m, k) if write_row else (0, k), dtype=FP8_DTYPE, device=dev)
-    s_store = torch.empty((k // GROUP, m) if write_row else (0, m), dtype=torch.float32, device=dev)
-    qt = torch.empty((k, m_pad) if write_t else (0, m_pad), dtype=FP8_DTYPE, device=dev)
-    st_store = torch.empty((m_pad // GROUP, k) if write_t else (0, k), dtype=torch.float32, device=dev)
+    out = _act_outputs(x, m, k, write_row, write_t)
     if m > 0 and (write_row or write_t):
         _require_triton()
-        grid = (m_pad // GROUP, k // GROUP)
-        _act_kernel[grid](
-            x, q, s_store, qt, st_store, m, k, m_pad, x.stride(0),
+        _act_kernel[_grid(m, k)](
+            x, *out, m, k, out[2].shape[1], x.stride(0),
             POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, num_warps=8,
         )
-    return q, s_store, qt, st_store
+    return out
 
 
 @_quant_act_op.register_fake
 def _(x, pow2, write_row, write_t):
-    m, k = x.shape
-    m_pad = ceil_div(m, GROUP) * GROUP
-    q = x.new_empty((m, k) if write_row else (0, k), dtype=FP8_DTYPE)
-    s_store = x.new_empty((k // GROUP, m) if write_row else (0, m), dtype=torch.float32)
-    qt = x.new_empty((k, m_pad) if write_t else (0, m_pad), dtype=FP8_DTYPE)
-    st_store = x.new_empty((m_pad // GROUP, k) if write_t else (0, k), dtype=torch.float32)
-    return q, s_store, qt, st_store
+    return _act_outputs(x, *x.shape, write_row, write_t)
+
+
+def _views(out):
+    q, s_store, qt, st_store = out
+    return q, s_store.t(), qt, st_store.t()
 
 
 def quant_act(
@@ -166,8 +243,79 @@ def quant_act(
     column-major; outputs not asked for are empty tensors. The op returns the scale storages
     (contiguous); the transposed views are taken here, outside the op.
     """
-    q, s_store, qt, st_store = _quant_act_op(x, pow2, write_row, write_t)
-    return q, s_store.t(), qt, st_store.t()
+    return _views(_quant_act_op(x, pow2, write_row, write_t))
+
+
+def _check_gate_up(name: str, gu: torch.Tensor) -> int:
+    m, two_f = gu.shape
+    if two_f % (2 * GROUP):
+        raise ValueError(f"{name}: the stacked gate-up width ({two_f}) must be a multiple of {2 * GROUP}")
+    return two_f // 2
+
+
+@torch.library.custom_op(f"{_NS}::swiglu_quant", mutates_args=())
+def _swiglu_quant_op(
+    gu: torch.Tensor, pow2: bool, write_t: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    m = gu.shape[0]
+    f = _check_gate_up("swiglu_quant", gu)
+    if gu.stride(1) != 1:
+        gu = gu.contiguous()
+    out = _act_outputs(gu, m, f, True, write_t)
+    if m > 0:
+        _require_triton()
+        _swiglu_kernel[_grid(m, f)](
+            gu, *out, m, f, out[2].shape[1], gu.stride(0), POW2=pow2, WRITE_T=write_t, BLOCK=GROUP, num_warps=8,
+        )
+    return out
+
+
+@_swiglu_quant_op.register_fake
+def _(gu, pow2, write_t):
+    return _act_outputs(gu, gu.shape[0], gu.shape[1] // 2, True, write_t)
+
+
+def swiglu_quant(gu: torch.Tensor, pow2: bool, write_t: bool = True):
+    """``h = silu(gate) * up`` of the stacked (M, 2F) gate-up output ``gu = [gate | up]``, quantized as
+    :func:`quant_act` quantizes ``h`` (M, F); ``h`` itself is never written."""
+    return _views(_swiglu_quant_op(gu, pow2, write_t))
+
+
+@torch.library.custom_op(f"{_NS}::swiglu_bwd_quant", mutates_args=())
+def _swiglu_bwd_quant_op(
+    gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool, write_t: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    m = gu.shape[0]
+    f = _check_gate_up("swiglu_bwd_quant", gu)
+    if dh.shape != (m, f):
+        raise ValueError(f"swiglu_bwd_quant: dh has shape {tuple(dh.shape)}, expected {(m, f)}")
+    gu = gu if gu.stride(1) == 1 else gu.contiguous()
+    dh = dh if dh.stride(1) == 1 else dh.contiguous()
+    out = _act_outputs(gu, m, 2 * f, write_row, write_t)
+    if m > 0 and (write_row or write_t):
+        _require_triton()
+        _swiglu_bwd_kernel[_grid(m, f)](
+            gu, dh, *out, m, f, out[2].shape[1], gu.stride(0), dh.stride(0),
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, num_warps=_SWIGLU_BWD_WARPS,
+        )
+    return out
+
+
+@_swiglu_bwd_quant_op.register_fake
+def _(gu, dh, pow2, write_row, write_t):
+    return _act_outputs(gu, gu.shape[0], gu.shape[1], write_row, write_t)
+
+
+# up to five float32 128x128 tiles are live at once (gate, up, dh and the two gradients): twice the
+# warps of the other kernels, for twice the registers per tile (the choice measured in benchmarks/fp8_gemm.py)
+_SWIGLU_BWD_WARPS = 16
+
+
+def swiglu_bwd_quant(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool = True, write_t: bool = True):
+    """The gradient of ``h = silu(gate) * up`` w.r.t. the stacked ``gu = [gate | up]`` (M, 2F), given
+    ``dh`` (M, F), quantized as :func:`quant_act` quantizes it: the output gradient of the stacked
+    gate-up linear, whose BF16 form is never written."""
+    return _views(_swiglu_bwd_quant_op(gu, dh, pow2, write_row, write_t))
 
 
 @torch.library.custom_op(f"{_NS}::quant_weight", mutates_args=())
