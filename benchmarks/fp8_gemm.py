@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.flops import QWEN3_SHAPES  # noqa: E402
 from trainer.fp8 import Fp8Recipe, fp8_linear, probe_scaled_mm, quantize_1x128, quantize_128x128  # noqa: E402
 from trainer.fp8 import gemm  # noqa: E402
-from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available  # noqa: E402
+from trainer.fp8 import triton_kernels  # noqa: E402
+from trainer.fp8.triton_kernels import quant_act, quant_weight, swiglu_bwd_quant, swiglu_quant, triton_available  # noqa: E402
 
 
 def bench_ms(fn, reps: int = 5, inner: int = 10, warmup: int = 3) -> float:
@@ -173,6 +174,70 @@ def quant_bandwidth() -> list[dict]:
     return rows
 
 
+def _launch_with(tiles: int, warps: int, fn):
+    """Run ``fn`` with the activation quantizer's launch settings set to (tiles, warps)."""
+    saved = triton_kernels.ACT_TILES, triton_kernels.ACT_WARPS
+    triton_kernels.ACT_TILES, triton_kernels.ACT_WARPS = tiles, warps
+    try:
+        return fn()
+    finally:
+        triton_kernels.ACT_TILES, triton_kernels.ACT_WARPS = saved
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x,
+                           y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y) for x, y in zip(a, b))
+
+
+def quant_sweep(m: int = 32768) -> dict:
+    """The activation quantizer's launch settings (tiles a program x warps), each checked bit-identical to
+    one tile / 8 warps; and the fused SwiGLU quantizers against Inductor's SwiGLU (forward, backward)
+    followed by the separate activation quantizer, in GB/s of the fused kernel's own traffic."""
+    rows = []
+    for k in (2048, 4096, 6144, 12288):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        nbytes = x.numel() * (2 + 2 + 8 / 128)
+        ref = _launch_with(1, 8, lambda: quant_act(x, True, True, True))
+        for tiles in (1, 2, 4):
+            for warps in (4, 8):
+                got = _launch_with(tiles, warps, lambda: quant_act(x, True, True, True))
+                t = _launch_with(tiles, warps, lambda: bench_ms(lambda: quant_act(x, True, True, True)))
+                rows.append({"kernel": "act", "M": m, "K": k, "tiles": tiles, "warps": warps, "ms": t,
+                             "GBps": nbytes / t / 1e6, "bit_identical": _same(got, ref)})
+                print(json.dumps(rows[-1]), flush=True)
+    swiglu = []
+    f = 6144
+    gu = torch.randn(m, 2 * f, device="cuda", dtype=torch.bfloat16)
+    dh = torch.randn(m, f, device="cuda", dtype=torch.bfloat16)
+
+    def unfused_fwd(a):
+        g, u = a.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def unfused_bwd(a, d):
+        g, u = a.chunk(2, dim=-1)
+        return torch.cat([torch.ops.aten.silu_backward(d * u, g), d * F.silu(g)], dim=-1)
+
+    fwd_c, bwd_c = torch.compile(unfused_fwd), torch.compile(unfused_bwd)
+    t_fused = bench_ms(lambda: swiglu_quant(gu, True, True))
+    t_unfused = bench_ms(lambda: quant_act(fwd_c(gu), True, True, True))
+    swiglu.append({"kernel": "swiglu fwd", "M": m, "F": f, "fused_ms": t_fused, "unfused_ms": t_unfused,
+                   "fused_GBps": m * f * (4 + 2 + 8 / 128) / t_fused / 1e6})
+    print(json.dumps(swiglu[-1]), flush=True)
+    t_unfused = bench_ms(lambda: quant_act(bwd_c(gu, dh), True, True, True))
+    for warps in (8, 16):
+        saved = triton_kernels._SWIGLU_BWD_WARPS
+        triton_kernels._SWIGLU_BWD_WARPS = warps
+        try:
+            t_fused = bench_ms(lambda: swiglu_bwd_quant(gu, dh, True, True, True))
+        finally:
+            triton_kernels._SWIGLU_BWD_WARPS = saved
+        swiglu.append({"kernel": "swiglu bwd", "M": m, "F": f, "warps": warps, "fused_ms": t_fused,
+                       "unfused_ms": t_unfused, "fused_GBps": m * f * (6 + 4 + 16 / 128) / t_fused / 1e6})
+        print(json.dumps(swiglu[-1]), flush=True)
+    return {"act": rows, "swiglu": swiglu}
+
+
 def _row(r: dict, columns: list[tuple[str, str]]) -> str:
     """One markdown table row: each (key, format) cell of `r`, '–' where the key is missing."""
     return "| " + " | ".join(fmt.format(r[key]) if key in r else "–" for key, fmt in columns) + " |"
@@ -208,9 +273,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--m", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--no-step", action="store_true", help="skip the forward+backward timings")
+    ap.add_argument("--quant-sweep", action="store_true",
+                    help="only the quantizers' launch settings and the fused SwiGLU quantizers (fp8_quant_sweep.json)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.quant_sweep:
+        result = {"device": device_info(), **quant_sweep()}
+        (out / "fp8_quant_sweep.json").write_text(json.dumps(result, indent=1))
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     info = device_info()
     caps = probe_scaled_mm("cuda")

@@ -521,6 +521,25 @@ def test_fused_fp8_swiglu_mlp_equals_the_linears_one_by_one():
         torch.testing.assert_close(mlp(x), ref[0], rtol=1e-5, atol=1e-5 * ref[0].abs().max().item())
 
 
+def test_gemm_table_lookup_exact_then_nearest_token_count_then_none():
+    """The per-shape GEMM choice: the measured shape, else the same (N, K) at the nearest M, else none
+    (cuBLAS); a recipe that asks for cuBLAS never consults the table."""
+    from trainer.fp8.gemm import CUBLAS, GemmChoice, choose_gemm, table_entry
+
+    table = {"GPU X": {"fprop": {
+        "32768x4096x2048": {"library": "cutlass", "config": "pingpong_64x256"},
+        "8192x4096x2048": {"library": "cublas"},
+        "32768x2048x2048": {"library": "cutlass", "config": "coop_128x128", "raster": "n", "swizzle": 2},
+    }}}
+    assert table_entry("GPU X", "fprop", 32768, 4096, 2048, table) == GemmChoice("cutlass", "pingpong_64x256")
+    assert table_entry("GPU X", "fprop", 16384, 2048, 2048, table) == GemmChoice("cutlass", "coop_128x128", "n", 2)
+    assert table_entry("GPU X", "fprop", 4096, 4096, 2048, table) == CUBLAS          # nearest M: 8192
+    assert table_entry("GPU X", "fprop", 32768, 4096, 1024, table) is None
+    assert table_entry("GPU X", "dgrad", 32768, 4096, 2048, table) is None
+    assert table_entry("GPU Y", "fprop", 32768, 4096, 2048, table) is None
+    assert choose_gemm("fprop", 32768, 4096, 2048, "cublas", torch.device("cpu")) == CUBLAS
+
+
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():
     """cuBLAS needs the FP8 A operand row-major; quantizing x.t() (Wgrad) must not return a view."""
     x = torch.randn(256, 384, dtype=torch.bfloat16)

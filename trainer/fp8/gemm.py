@@ -1,4 +1,5 @@
-"""The three GEMMs of a blockwise-FP8 linear layer, emulated and on cuBLAS through ``F.scaled_mm``.
+"""The three GEMMs of a blockwise-FP8 linear layer: emulated, on cuBLAS through ``F.scaled_mm``, or on
+CUTLASS's Hopper kernels (:mod:`trainer.fp8.cutlass_gemm`), chosen per shape from a measured table.
 
 Notation (Puro §3.2): ``x`` (M, K) tokens x in-features, ``w`` (N, K), ``y = x w^T`` (M, N).
 
@@ -25,7 +26,11 @@ checked against the emulation.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import logging
+import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -121,18 +126,91 @@ _BW1x128 = getattr(getattr(F, "ScalingType", None), "BlockWise1x128", None)
 _BW128x128 = getattr(getattr(F, "ScalingType", None), "BlockWise128x128", None)
 
 
-# The cuBLAS calls are torch custom ops: torch.compile (Dynamo) cannot trace F.scaled_mm's builtin
+# ----------------------------------------------------------------------------------------------
+# Which library runs a GEMM: cuBLAS or one of CUTLASS's Hopper kernels, per shape, from a measured table
+# ----------------------------------------------------------------------------------------------
+
+GEMM_TABLE = Path(__file__).with_name("gemm_table.json")
+"""Per device name, GEMM role (fprop / dgrad / wgrad) and shape "MxNxK": the fastest library and CUTLASS
+config measured by ``benchmarks/fp8_cutlass.py --write-table`` (its command and date are in the file)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmChoice:
+    library: str                 # "cublas" or "cutlass"
+    config: str = ""             # the CUTLASS kernel config (trainer.fp8.cutlass_gemm.configs)
+    raster: str = "heuristic"
+    swizzle: int = 1
+
+
+CUBLAS = GemmChoice("cublas")
+_DEFAULT_CUTLASS = {"fprop": "act_weight", "dgrad": "act_weight", "wgrad": "act_act"}
+
+
+@functools.lru_cache(maxsize=None)
+def _table(path: Path = GEMM_TABLE) -> dict:
+    return json.loads(path.read_text()).get("devices", {}) if path.exists() else {}
+
+
+def table_entry(device_name: str, role: str, m: int, n: int, k: int, table: dict | None = None) -> GemmChoice | None:
+    """The measured choice for this role and shape on ``device_name``: the exact shape, else the same
+    (N, K) measured at the nearest token count M, else None."""
+    rows = (table if table is not None else _table()).get(device_name, {}).get(role, {})
+    hit = rows.get(f"{m}x{n}x{k}")
+    if hit is None:
+        same_nk = [(abs(math.log2(int(key.split("x")[0]) / m)), v) for key, v in rows.items()
+                   if key.split("x")[1:] == [str(n), str(k)]]
+        hit = min(same_nk, key=lambda t: t[0])[1] if same_nk else None
+    return None if hit is None else GemmChoice(**hit)
+
+
+_CHOICES: dict[tuple, GemmChoice] = {}
+
+
+def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.device) -> GemmChoice:
+    """The library (and CUTLASS config) of one blockwise GEMM. ``lib``: the recipe's ``gemm``; with
+    ``auto``, the measured table's choice for this device and shape, cuBLAS where it has none or the
+    CUTLASS library is not usable here; ``cutlass`` raises when the library is not usable."""
+    if lib == "cublas":
+        return CUBLAS
+    key = (device.index, role, m, n, k, lib)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    from trainer.fp8 import cutlass_gemm  # imported here: cutlass_gemm imports this module
+
+    ok, reason = cutlass_gemm.available(device)
+    if not ok and lib == "cutlass":
+        raise RuntimeError(f"fp8 gemm 'cutlass' is not usable here: {reason}")
+    choice = CUBLAS
+    if ok:
+        entry = table_entry(torch.cuda.get_device_name(device), role, m, n, k)
+        if lib == "cutlass" and (entry is None or entry.library != "cutlass"):
+            entry = GemmChoice("cutlass", cutlass_gemm.configs(_DEFAULT_CUTLASS[role])[0])
+        choice = entry or CUBLAS
+    log.info("fp8: %s %dx%dx%d on %s%s", role, m, n, k, choice.library, f" ({choice.config})" if choice.config else "")
+    _CHOICES[key] = choice
+    return choice
+
+
+# The GEMM calls are torch custom ops: torch.compile (Dynamo) cannot trace F.scaled_mm's builtin
 # (`torch._scaled_mm_v2`) and would break the graph at every linear; as custom ops with shape-only
-# fake implementations they sit in one compiled graph as opaque kernels.
+# fake implementations they sit in one compiled graph as opaque kernels. The library is chosen inside,
+# at run time, from the real shapes.
 
 
 @torch.library.custom_op("purokit_fp8::mm_1x128_128x128", mutates_args=())
 def _mm_act_weight(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, pad_block_scales: bool,
-    out_dtype: torch.dtype,
+    out_dtype: torch.dtype, lib: str, role: str,
 ) -> torch.Tensor:
     """``a (M, R) @ b (N, R)^T``: ``a`` scaled per 1x128 along R, ``b`` per 128x128 block with
     ``scale_b`` given as (N/128, R/128)."""
+    choice = choose_gemm(role, a.shape[0], b.shape[0], a.shape[1], lib, a.device)
+    if choice.library == "cutlass":
+        from trainer.fp8 import cutlass_gemm
+
+        y = cutlass_gemm.act_weight(a, b, scale_a, scale_b, choice.config, choice.raster, choice.swizzle)
+        return y if y.dtype == out_dtype else y.to(out_dtype)
     return F.scaled_mm(
         _rowmajor(a), _rowmajor(b).t(),
         colmajor(scale_a), _BW1x128,
@@ -142,15 +220,22 @@ def _mm_act_weight(
 
 
 @_mm_act_weight.register_fake
-def _(a, b, scale_a, scale_b, pad_block_scales, out_dtype):
+def _(a, b, scale_a, scale_b, pad_block_scales, out_dtype, lib, role):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
 @torch.library.custom_op("purokit_fp8::mm_1x128_1x128", mutates_args=())
 def _mm_act_act(
-    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
+    lib: str,
 ) -> torch.Tensor:
     """``a (N, R) @ b (K, R)^T`` with both operands scaled per 1x128 along R (Wgrad: R = tokens)."""
+    choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
+    if choice.library == "cutlass" and out_dtype in (torch.float32, torch.bfloat16):
+        from trainer.fp8 import cutlass_gemm
+
+        return cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out_dtype=out_dtype,
+                                    raster=choice.raster, swizzle=choice.swizzle)
     return F.scaled_mm(
         _rowmajor(a), _rowmajor(b).t(),
         colmajor(scale_a), _BW1x128,
@@ -160,25 +245,26 @@ def _mm_act_act(
 
 
 @_mm_act_act.register_fake
-def _(a, b, scale_a, scale_b, out_dtype):
+def _(a, b, scale_a, scale_b, out_dtype, lib):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
-def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """``y (M, N) = x (M, K) w (N, K)^T`` on cuBLAS. ``ws`` is (N/128, K/128)."""
-    return _mm_act_weight(xq, wq, xs, ws, caps.pad_block_scales, out_dtype)
+def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16, lib: str = "cublas") -> torch.Tensor:
+    """``y (M, N) = x (M, K) w (N, K)^T``. ``ws`` is (N/128, K/128)."""
+    return _mm_act_weight(xq, wq, xs, ws, caps.pad_block_scales, out_dtype, lib, "fprop")
 
 
-def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16) -> torch.Tensor:
+def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16, lib: str = "cublas") -> torch.Tensor:
     """``dx (M, K) = dy (M, N) w (N, K)``; ``wtq`` is the row-major (K, N) transposed copy of ``wq``
     and ``ws`` the (N/128, K/128) block scales of ``w``."""
-    return _mm_act_weight(dyq, wtq, dys, ws.t(), caps.pad_block_scales, out_dtype)
+    return _mm_act_weight(dyq, wtq, dys, ws.t(), caps.pad_block_scales, out_dtype, lib, "dgrad")
 
 
-def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.float32) -> torch.Tensor:
-    """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M."""
-    want = out_dtype if (out_dtype != torch.float32 or caps.wgrad_fp32_out) else torch.bfloat16
-    dw = _mm_act_act(dytq, xtq, dyts, xts, want)
+def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.float32, lib: str = "cublas") -> torch.Tensor:
+    """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M.
+    cuBLAS writes float32 where the probe found it can (else BF16, cast); CUTLASS writes it directly."""
+    want = out_dtype if (out_dtype != torch.float32 or caps.wgrad_fp32_out or lib != "cublas") else torch.bfloat16
+    dw = _mm_act_act(dytq, xtq, dyts, xts, want, lib)
     return dw if dw.dtype == out_dtype else dw.to(out_dtype)
 
 

@@ -122,9 +122,9 @@ def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backe
     return wq, ws, wtq
 
 
-def _fprop(xq, xs, wq, ws, backend, x, out_dtype):
+def _fprop(xq, xs, wq, ws, backend, x, out_dtype, lib):
     if backend == SCALED_MM:
-        y = gemm.scaled_mm_fprop(xq, xs, wq, ws, _caps_for(x), out_dtype=torch.bfloat16)
+        y = gemm.scaled_mm_fprop(xq, xs, wq, ws, _caps_for(x), out_dtype=torch.bfloat16, lib=lib)
     else:
         y = gemm.emulated_fprop(xq, xs, wq, ws)
     return y.to(out_dtype)
@@ -139,16 +139,17 @@ def _output_dtype(x: torch.Tensor) -> torch.dtype:
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, scale_format: str, backend: str, quantizer: str, out_dtype: torch.dtype):
+    def forward(ctx, x, weight, bias, scale_format: str, backend: str, quantizer: str, lib: str,
+                out_dtype: torch.dtype):
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         (xq, xs), (xtq, xts) = _quant_act(x2, scale_format, quantizer, backend, rows=True, transposed=need_dw)
         wq, ws, wtq = _quant_weight(weight, scale_format, quantizer, backend, transposed=need_dx)
-        y = _fprop(xq, xs, wq, ws, backend, x, out_dtype)
+        y = _fprop(xq, xs, wq, ws, backend, x, out_dtype, lib)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        ctx.scale_format, ctx.backend, ctx.quantizer = scale_format, backend, quantizer
+        ctx.scale_format, ctx.backend, ctx.quantizer, ctx.lib = scale_format, backend, quantizer, lib
         ctx.m, ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x2.shape[0], x.shape, x.dtype, weight.dtype
         ctx.has_bias = bias is not None
         # what backward needs: FP8 x^T (Wgrad) and FP8 w (Dgrad: the transposed copy on cuBLAS)
@@ -171,23 +172,23 @@ class _Fp8LinearFn(torch.autograd.Function):
         )
         dx = dw = db = None
         if need_dx:
-            dx = _dgrad(dyq, dys, wdq, ws, backend, dy).to(ctx.x_dtype).reshape(ctx.x_shape)
+            dx = _dgrad(dyq, dys, wdq, ws, backend, dy, ctx.lib).to(ctx.x_dtype).reshape(ctx.x_shape)
         if need_dw:
-            dw = _wgrad(dytq, dyts, xtq, xts, backend, dy, ctx.w_dtype)
+            dw = _wgrad(dytq, dyts, xtq, xts, backend, dy, ctx.w_dtype, ctx.lib)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
-def _dgrad(dyq, dys, wdq, ws, backend, like):
+def _dgrad(dyq, dys, wdq, ws, backend, like, lib):
     if backend == SCALED_MM:
-        return gemm.scaled_mm_dgrad(dyq, dys, wdq, ws, _caps_for(like), out_dtype=torch.bfloat16)
+        return gemm.scaled_mm_dgrad(dyq, dys, wdq, ws, _caps_for(like), out_dtype=torch.bfloat16, lib=lib)
     return gemm.emulated_dgrad(dyq, dys, wdq, ws)
 
 
-def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype):
+def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype, lib):
     if backend == SCALED_MM:
-        return gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(like), out_dtype=w_dtype)
+        return gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(like), out_dtype=w_dtype, lib=lib)
     return gemm.emulated_wgrad(dytq, dyts, xtq, xts).to(w_dtype)
 
 
@@ -212,16 +213,16 @@ def _swiglu_bwd_quant(gu, dh, scale_format, quantizer, backend, rows, transposed
     return _quant_act(dgu, scale_format, quantizer, backend, rows=rows, transposed=transposed)
 
 
-def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, out_dtype, need_dx, need_dwgu, need_dwd):
+def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, lib, out_dtype, need_dx, need_dwgu, need_dwd):
     """``y = down(silu(gate) * up)`` of the (M, D) input ``x2``, and what backward needs (Nones where a
     gradient is not wanted; all None for inference)."""
     need_dh = need_dx or need_dwgu
     (xq, xs), (xtq, xts) = _quant_act(x2, fmt, quantizer, backend, rows=True, transposed=need_dwgu)
     wq, ws, wtq = _quant_weight(w_gu, fmt, quantizer, backend, transposed=need_dx)
-    gu = _fprop(xq, xs, wq, ws, backend, x2, out_dtype)
+    gu = _fprop(xq, xs, wq, ws, backend, x2, out_dtype, lib)
     (hq, hs), (htq, hts) = _swiglu_quant(gu, fmt, quantizer, backend, transposed=need_dwd)
     w2q, w2s, w2tq = _quant_weight(w_down, fmt, quantizer, backend, transposed=need_dh)
-    y = _fprop(hq, hs, w2q, w2s, backend, x2, out_dtype)
+    y = _fprop(hq, hs, w2q, w2s, backend, x2, out_dtype, lib)
     on_cublas = backend == SCALED_MM
     saved = (
         gu if need_dh else None,
@@ -241,11 +242,12 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
     FP8 ``x^T`` and ``h^T`` (Wgrads), the FP8 weights (Dgrads) and the BF16 gate-up output."""
 
     @staticmethod
-    def forward(ctx, x, w_gu, w_down, scale_format: str, backend: str, quantizer: str, out_dtype: torch.dtype):
+    def forward(ctx, x, w_gu, w_down, scale_format: str, backend: str, quantizer: str, lib: str,
+                out_dtype: torch.dtype):
         x2 = x.reshape(-1, x.shape[-1])
-        y, saved = _swiglu_forward(x2, w_gu, w_down, scale_format, backend, quantizer, out_dtype,
+        y, saved = _swiglu_forward(x2, w_gu, w_down, scale_format, backend, quantizer, lib, out_dtype,
                                    *ctx.needs_input_grad[:3])
-        ctx.scale_format, ctx.backend, ctx.quantizer = scale_format, backend, quantizer
+        ctx.scale_format, ctx.backend, ctx.quantizer, ctx.lib = scale_format, backend, quantizer, lib
         ctx.x_shape, ctx.x_dtype, ctx.w_dtypes = x.shape, x.dtype, (w_gu.dtype, w_down.dtype)
         ctx.save_for_backward(*saved)
         return y.reshape(*x.shape[:-1], w_down.shape[0])
@@ -260,19 +262,20 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
         (dyq, dys), (dytq, dyts) = _quant_act(dy2, fmt, quantizer, backend, rows=need_dh, transposed=need_dwd)
         dx = dw_gu = dw_down = None
         if need_dwd:
-            dw_down = _wgrad(dytq, dyts, htq, hts, backend, dy, ctx.w_dtypes[1])
+            dw_down = _wgrad(dytq, dyts, htq, hts, backend, dy, ctx.w_dtypes[1], ctx.lib)
         if need_dh:
-            dh = _dgrad(dyq, dys, w2dq, w2s, backend, dy).to(gu.dtype)
+            dh = _dgrad(dyq, dys, w2dq, w2s, backend, dy, ctx.lib).to(gu.dtype)
             (gq, gs), (gtq, gts) = _swiglu_bwd_quant(gu, dh, fmt, quantizer, backend, rows=need_dx,
                                                      transposed=need_dwgu)
             if need_dx:
-                dx = _dgrad(gq, gs, wdq, ws, backend, dy).to(ctx.x_dtype).reshape(ctx.x_shape)
+                dx = _dgrad(gq, gs, wdq, ws, backend, dy, ctx.lib).to(ctx.x_dtype).reshape(ctx.x_shape)
             if need_dwgu:
-                dw_gu = _wgrad(gtq, gts, xtq, xts, backend, dy, ctx.w_dtypes[0])
-        return dx, dw_gu, dw_down, None, None, None, None
+                dw_gu = _wgrad(gtq, gts, xtq, xts, backend, dy, ctx.w_dtypes[0], ctx.lib)
+        return dx, dw_gu, dw_down, None, None, None, None, None
 
 
-def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer_pref: str) -> torch.Tensor | None:
+def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer_pref: str,
+                lib: str) -> torch.Tensor | None:
     """The fused SwiGLU MLP, or None where its linears would not run on one backend and quantizer
     (then the caller runs them one by one)."""
     backend, quantizer = _resolve(backend_pref, quantizer_pref, x, w_gu)
@@ -280,10 +283,10 @@ def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer
         return None
     out_dtype = _output_dtype(x)
     if not (torch.is_grad_enabled() and (x.requires_grad or w_gu.requires_grad or w_down.requires_grad)):
-        y, _ = _swiglu_forward(x.reshape(-1, x.shape[-1]), w_gu, w_down, scale_format, backend, quantizer,
+        y, _ = _swiglu_forward(x.reshape(-1, x.shape[-1]), w_gu, w_down, scale_format, backend, quantizer, lib,
                                out_dtype, False, False, False)
         return y.reshape(*x.shape[:-1], w_down.shape[0])
-    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, scale_format, backend, quantizer, out_dtype)
+    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, scale_format, backend, quantizer, lib, out_dtype)
 
 
 def fp8_linear(
@@ -294,10 +297,10 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``F.linear`` with Fprop, Dgrad and Wgrad in blockwise FP8 (Puro §3.2)."""
     r = recipe if recipe is not None else Fp8Recipe()
-    return _fp8_linear(x, weight, bias, r.scale_format, r.backend, r.quantizer)
+    return _fp8_linear(x, weight, bias, r.scale_format, r.backend, r.quantizer, r.gemm)
 
 
-def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer_pref: str) -> torch.Tensor:
+def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer_pref: str, lib: str) -> torch.Tensor:
     backend, quantizer = _resolve(backend_pref, quantizer_pref, x, weight)
     out_dtype = _output_dtype(x)
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
@@ -305,11 +308,11 @@ def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer
         x2 = x.reshape(-1, x.shape[-1])
         (xq, xs), _ = _quant_act(x2, scale_format, quantizer, backend, rows=True, transposed=False)
         wq, ws, _ = _quant_weight(weight, scale_format, quantizer, backend, transposed=False)
-        y = _fprop(xq, xs, wq, ws, backend, x, out_dtype)
+        y = _fprop(xq, xs, wq, ws, backend, x, out_dtype, lib)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
-    return _Fp8LinearFn.apply(x, weight, bias, scale_format, backend, quantizer, out_dtype)
+    return _Fp8LinearFn.apply(x, weight, bias, scale_format, backend, quantizer, lib, out_dtype)
 
 
 class Fp8Linear(nn.Linear):
@@ -326,6 +329,7 @@ class Fp8Linear(nn.Linear):
         self.scale_format = self.recipe.scale_format
         self.backend_pref = self.recipe.backend
         self.quantizer_pref = self.recipe.quantizer
+        self.gemm_pref = self.recipe.gemm
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: Fp8Recipe | None = None) -> Fp8Linear:
@@ -345,7 +349,7 @@ class Fp8Linear(nn.Linear):
     def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """This layer's recipe applied to another weight: `trainer.model.sibling_linears` passes the
         stacked weights of q, k, v (or gate, up) so that their shared input is quantized once."""
-        return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref)
+        return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref, self.gemm_pref)
 
     def forward_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor | None:
         """This layer as the down projection of a SwiGLU MLP, ``self(silu(gate) * up)`` with
@@ -354,7 +358,8 @@ class Fp8Linear(nn.Linear):
         resolve to different backends): the caller then runs the linears one by one."""
         if self.bias is not None:
             return None
-        return _fp8_swiglu(x, w_gate_up, self.weight, self.scale_format, self.backend_pref, self.quantizer_pref)
+        return _fp8_swiglu(x, w_gate_up, self.weight, self.scale_format, self.backend_pref, self.quantizer_pref,
+                           self.gemm_pref)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}"
+        return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}, gemm={self.gemm_pref}"

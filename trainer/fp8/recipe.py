@@ -17,6 +17,10 @@ What is configurable:
   copy and the transposed column-quantized copy that Wgrad needs), ``torch`` (the same math in plain
   torch ops, which ``torch.compile`` fuses into the neighbouring ops and de-duplicates across q/k/v),
   or ``auto`` (``triton`` on CUDA when Triton is importable, else ``torch``).
+- ``gemm``: which library runs the blockwise GEMMs on the CUDA backend: ``cublas`` (``F.scaled_mm``),
+  ``cutlass`` (the Hopper kernels of ``trainer/fp8/csrc``, built ahead: :mod:`trainer.fp8.cutlass_gemm`),
+  or ``auto`` (default): per GEMM shape, what the measured table ``trainer/fp8/gemm_table.json`` says is
+  fastest on this device, cuBLAS where it has no entry or the CUTLASS library is absent.
 - ``exclude``: regular expressions over qualified module names that stay in high precision. The
   default keeps the LM head (``lm_head``, ``output``, ``head``) in BF16; embeddings and norms are not
   ``nn.Linear`` and are never touched.
@@ -42,6 +46,7 @@ DEFAULT_EXCLUDE = (r"(^|\.)lm_head$", r"(^|\.)output$", r"(^|\.)head$")
 ScaleFormat = Literal["pow2", "fp32"]
 Backend = Literal["auto", "cuda-scaled-mm", "emulate"]
 Quantizer = Literal["auto", "triton", "torch"]
+Gemm = Literal["auto", "cublas", "cutlass"]
 
 
 def _compile(pattern: str) -> re.Pattern:
@@ -60,6 +65,7 @@ class Fp8Recipe(StrictModel):
     scale_format: ScaleFormat = "pow2"
     backend: Backend = "auto"
     quantizer: Quantizer = "auto"
+    gemm: Gemm = "auto"
     exclude: tuple[str, ...] = Field(default=DEFAULT_EXCLUDE)
     include: str | None = Field(
         default=None, description="if set, only linears whose qualified name matches this regex are converted"

@@ -91,15 +91,25 @@ if triton is not None:
     def _act_kernel(
         x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, M_pad, stride_xm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
+        TILES: tl.constexpr,
     ):
+        """One program quantizes TILES tiles of one 128-row band, side by side along K; the next tile
+        is loaded before the current one is quantized, so its read overlaps the arithmetic and the
+        stores (a program with one tile waits for its load, then computes with no load in flight)."""
         pid_m = tl.program_id(0)
-        pid_k = tl.program_id(1)
+        kb0 = tl.program_id(1) * TILES
         rm = pid_m * BLOCK + tl.arange(0, BLOCK)
-        rk = pid_k * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, BLOCK)
         in_rows = rm < M
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=in_rows[:, None], other=0.0)
-        _quant_store(x.to(tl.float32), rm, rk, pid_k, pid_m, M, K, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
-                     POW2, WRITE_ROW, WRITE_T)
+        rows = x_ptr + rm[:, None] * stride_xm
+        x = tl.load(rows + (kb0 * BLOCK + cols)[None, :], mask=in_rows[:, None], other=0.0)
+        for t in tl.static_range(TILES):
+            if t + 1 < TILES:
+                x_next = tl.load(rows + ((kb0 + t + 1) * BLOCK + cols)[None, :], mask=in_rows[:, None], other=0.0)
+            _quant_store(x.to(tl.float32), rm, (kb0 + t) * BLOCK + cols, kb0 + t, pid_m, M, K, M_pad,
+                         q_ptr, s_ptr, qt_ptr, st_ptr, POW2, WRITE_ROW, WRITE_T)
+            if t + 1 < TILES:
+                x = x_next
 
     @triton.jit
     def _silu_parts(g):
@@ -202,6 +212,18 @@ def _act_outputs(x: torch.Tensor, m: int, k: int, write_row: bool, write_t: bool
     return q, s_store, qt, st_store
 
 
+# (tiles a program, warps) of the activation quantizer; ACT_TILES tiles where K allows (benchmarks/fp8_gemm.py
+# --quant-sweep measures the choices)
+ACT_TILES, ACT_WARPS = 1, 8
+
+
+def act_launch(k: int, tiles: int | None = None, warps: int | None = None) -> tuple[int, int]:
+    t = ACT_TILES if tiles is None else tiles
+    while (k // GROUP) % t:
+        t //= 2
+    return t, ACT_WARPS if warps is None else warps
+
+
 def _grid(m: int, k: int) -> tuple[int, int]:
     return ceil_div(m, GROUP), k // GROUP
 
@@ -217,9 +239,10 @@ def _quant_act_op(
     out = _act_outputs(x, m, k, write_row, write_t)
     if m > 0 and (write_row or write_t):
         _require_triton()
-        _act_kernel[_grid(m, k)](
+        tiles, warps = act_launch(k)
+        _act_kernel[(ceil_div(m, GROUP), k // GROUP // tiles)](
             x, *out, m, k, out[2].shape[1], x.stride(0),
-            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, num_warps=8,
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, TILES=tiles, num_warps=warps,
         )
     return out
 
