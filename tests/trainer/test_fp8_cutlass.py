@@ -1,0 +1,275 @@
+"""The CUTLASS blockwise-FP8 GEMM library (trainer/fp8/csrc, trainer.fp8.cutlass_gemm).
+
+CPU: the ctypes signature table against the C source, the config table, library discovery and its
+"not available" reasons, argument checks, and (where a built library is present) that it loads and
+refuses bad calls with a status instead of crashing. GPU (`gpu` marker; skipped with the reason when
+the library or an sm_90 GPU is absent): every config of every kind against the emulation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+from trainer.fp8 import cutlass_gemm as cg
+from trainer.fp8 import quantize_1x128, quantize_128x128
+from trainer.fp8.csrc import build
+from trainer.fp8.gemm import _probe_operands, emulated_dgrad, emulated_fprop, emulated_wgrad
+from trainer.fp8.triton_kernels import quant_act, quant_weight, triton_available
+
+SOURCE = cg.SOURCE.read_text()
+
+
+def _c_api_table(source: str) -> str:
+    """PUROKIT_FP8_API of the C source, as ``ret name(params);`` entries without whitespace."""
+    body = re.search(r"#define PUROKIT_FP8_API\(X\)((?:.*\\\n)*.*\n)", source).group(1).replace("\\\n", " ")
+    entries = re.findall(r"X\(([^,]+),\s*(\w+),\s*\(([^)]*)\)\)", body)
+    assert entries, "no entries in PUROKIT_FP8_API"
+    return re.sub(r"\s+", "", "".join(f"{ret} {name}({params});" for ret, name, params in entries))
+
+
+def test_ctypes_table_matches_the_c_source():
+    assert _c_api_table(SOURCE) == cg.abi_string()
+    for _, _, params in cg._API:
+        for p in params:
+            assert cg._param_type(p) in cg._CTYPES, p
+
+
+def test_config_table_is_indexed_and_named_per_kind():
+    rows = build.config_rows(SOURCE)
+    assert len(rows) >= 4
+    seen = set()
+    for index, row in rows:
+        m = re.match(r'X\((\d+),\s*(\d+),\s*"([^"]+)",\s*(\w+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)', row)
+        assert m, row
+        kind, name, sched, tm = int(m.group(2)), m.group(3), m.group(4), int(m.group(5))
+        assert 0 <= kind < len(cg.KINDS) and (kind, name) not in seen
+        assert sched in ("Coop", "Pingpong") and tm in (128, 256)  # what the blockwise mainloop takes
+        seen.add((kind, name))
+    for k in (0, 1):
+        assert any(kind == k and name == cg.DEFAULT_ACT_WEIGHT for kind, name in seen)
+
+
+def test_object_keys_change_only_for_the_changed_row():
+    rows = build.config_rows(SOURCE)
+    keys = [build.object_key(SOURCE, i, r, "nvcc", "4.7.0") for i, r in rows]
+    assert len(set(keys)) == len(keys)
+    added = SOURCE.replace(rows[-1][1], rows[-1][1] + ' \\\n  X(99, 0, "x", Coop, 128, 128, 128, 1, 1)')
+    assert [build.object_key(added, i, r, "nvcc", "4.7.0") for i, r in rows] == keys
+    assert build.object_key(added, -1, "", "nvcc", "4.7.0") != build.object_key(SOURCE, -1, "", "nvcc", "4.7.0")
+
+
+def test_build_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUTLASS_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match="CUTLASS_DIR"):
+        build.find_cutlass()
+    with pytest.raises(FileNotFoundError, match="lacks include/cutlass/cutlass.h"):
+        build.find_cutlass(str(tmp_path))
+
+
+def test_missing_library_says_where_it_looked(tmp_path, monkeypatch):
+    missing = tmp_path / "nowhere" / cg.LIB_NAME
+    monkeypatch.setenv(cg.LIB_ENV, str(missing))
+    assert cg.library_candidates() == [missing]
+    ok, reason = cg.available()
+    assert not ok and str(missing) in reason and "trainer.fp8.csrc.build" in reason
+    assert cg.configs("act_weight") == []
+    with pytest.raises(ValueError, match="unknown GEMM kind"):
+        cg.configs("fprop")
+
+
+def test_unloadable_library_gives_the_loader_error(tmp_path, monkeypatch):
+    bogus = tmp_path / cg.LIB_NAME
+    bogus.write_text("not an ELF file\n")
+    monkeypatch.setenv(cg.LIB_ENV, str(bogus))
+    ok, reason = cg.available()
+    assert not ok and reason.startswith(f"cannot load {bogus}")
+
+
+def test_default_search_path_is_the_repo_build_then_the_cache(monkeypatch):
+    monkeypatch.delenv(cg.LIB_ENV, raising=False)
+    first, second = cg.library_candidates()
+    assert first == cg.REPO_ROOT / ".gpu_build" / cg.LIB_NAME
+    assert second.parts[-3:] == (".cache", "purokit", cg.LIB_NAME)
+
+
+def _fp8(*shape):
+    return torch.zeros(shape, dtype=torch.float8_e4m3fn)
+
+
+def test_argument_checks_name_the_shape():
+    m, n, k = 256, 384, 640
+    a, b = _fp8(m, k), _fp8(n, k)
+    sa, sb_block, sb_row = torch.ones(m, k // 128), torch.ones(n // 128, k // 128), torch.ones(n, k // 128)
+    assert cg.check_operands("act_weight", a, b, sa, sb_block) == (m, n, k)
+    assert cg.check_operands("act_act", a, b, sa, sb_row) == (m, n, k)
+    with pytest.raises(ValueError, match=r"\(M, N, K\) = \(200, 384, 640\) must be positive multiples of 128"):
+        cg.check_operands("act_weight", _fp8(200, k), b, torch.ones(200, 5), sb_block)
+    with pytest.raises(ValueError, match=r"differ in K"):
+        cg.check_operands("act_weight", a, _fp8(n, 512), sa, sb_block)
+    with pytest.raises(ValueError, match="must be float8_e4m3fn"):
+        cg.check_operands("act_weight", a.float(), b, sa, sb_block)
+    with pytest.raises(ValueError, match=r"sb must be float32 \(3, 5\)"):
+        cg.check_operands("act_weight", a, b, sa, sb_row)
+    with pytest.raises(ValueError, match=r"sb must be float32 \(384, 5\)"):
+        cg.check_operands("act_act", a, b, sa, sb_block)
+    # well-formed CPU operands reach the device check (or the missing library)
+    with pytest.raises(RuntimeError, match="unavailable|need CUDA tensors"):
+        cg.fprop(a, sa, b, sb_block)
+    with pytest.raises(ValueError, match="must be positive multiples of 128"):
+        cg.wgrad(_fp8(m, 100), torch.ones(m, 1), _fp8(n, 100), torch.ones(n, 1))
+
+
+@pytest.fixture()
+def built_library(monkeypatch):
+    monkeypatch.delenv(cg.LIB_ENV, raising=False)
+    lib, reason = cg.library()
+    if lib is None:
+        pytest.skip(reason)
+    return lib
+
+
+def test_built_library_loads_and_refuses_bad_calls(built_library):
+    lib = built_library
+    assert lib.configs["act_weight"] and lib.configs["act_act"]
+    assert cg.DEFAULT_ACT_WEIGHT in lib.configs["act_weight"] and cg.DEFAULT_ACT_ACT in lib.configs["act_act"]
+    size = ctypes.c_size_t(0)
+    assert lib.dll.purokit_fp8_workspace_size(0, 100, 128, 128, ctypes.byref(size)) == 101
+    assert "multiples of 128" in lib.status(101)
+    assert lib.dll.purokit_fp8_workspace_size(10_000, 128, 128, 128, ctypes.byref(size)) == 100
+    act_act = next(iter(lib.configs["act_act"].values()))
+    # a config of the other kind, null operands: refused before anything reaches the GPU
+    assert lib.dll.purokit_fp8_act_weight(act_act, None, None, None, None, None, 128, 128, 128, 0, 1, None, 0, None) == 100
+    assert lib.dll.purokit_fp8_act_weight(0, None, None, None, None, None, 128, 128, 128, 0, 1, None, 0, None) == 105
+    assert lib.status(4) == "Error Invalid Problem" and lib.status(12345) == "unknown status"
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------------
+
+_OK, _WHY = cg.available() if torch.cuda.is_available() else (False, "needs CUDA")
+
+
+def gpu(fn):
+    """A GPU test: `gpu` marker, skipped with the reason when the library or an sm_90 GPU is absent."""
+    return pytest.mark.gpu(pytest.mark.skipif(not _OK, reason=_WHY)(fn))
+
+
+BF16_TOL = 2e-3  # bf16 output rounding (relative 2^-9 per element)
+FP32_TOL = 2e-4  # summation order; inside each 128-K chunk the FP8 WGMMA accumulates at reduced precision
+
+
+def _relerr(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _operands(m, k, n, seed=0):
+    """FP8 x (M, K) per 1x128, w (N, K) per 128x128, dy (M, N) per 1x128, and the token-quantized
+    transposes, with magnitudes spread over binades so a misplaced scale shows."""
+    x, w = _probe_operands("cuda", m, k, n, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    dy = (torch.randn(m, n, device="cuda", generator=g)
+          * torch.exp2(torch.randint(-6, 7, (1, n), device="cuda", generator=g).float())).to(torch.bfloat16)
+    xq, xs = quantize_1x128(x)
+    wq, ws = quantize_128x128(w)
+    dyq, dys = quantize_1x128(dy)
+    dytq, dyts = quantize_1x128(dy.t())
+    xtq, xts = quantize_1x128(x.t())
+    return dict(xq=xq, xs=xs, wq=wq, ws=ws, wtq=wq.t().contiguous(), dyq=dyq, dys=dys, dytq=dytq, dyts=dyts,
+                xtq=xtq, xts=xts)
+
+
+def _act_weight_configs():
+    return cg.configs("act_weight") or ["none"]
+
+
+def _act_act_configs():
+    return cg.configs("act_act") or ["none"]
+
+
+RAGGED = (256, 640, 384)  # K/128 = 5 reduction blocks (not a multiple of 4), N/128 = 3
+SHAPES_17B = [(2048, 4096), (2048, 2048), (2048, 12288), (6144, 2048)]  # (K, N): qkv, o, gate-up, down
+MKN = [RAGGED] + [(4096, k, n) for k, n in SHAPES_17B]
+MKN_IDS = ["ragged"] + [f"1.7b-{k}x{n}" for k, n in SHAPES_17B]
+
+
+@gpu
+@pytest.mark.parametrize("config", _act_weight_configs())
+@pytest.mark.parametrize("mkn", MKN, ids=MKN_IDS)
+def test_act_weight_matches_emulation(config, mkn):
+    m, k, n = mkn
+    o = _operands(m, k, n)
+    y = cg.fprop(o["xq"], o["xs"], o["wq"], o["ws"], config)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    err = _relerr(y, emulated_fprop(o["xq"], o["xs"], o["wq"], o["ws"]))
+    assert err < BF16_TOL, f"fprop {config} {mkn}: rel. error {err:.2e}"
+    dx = cg.dgrad(o["dyq"], o["dys"], o["wtq"], o["ws"], config)
+    assert dx.shape == (m, k)
+    err = _relerr(dx, emulated_dgrad(o["dyq"], o["dys"], o["wq"], o["ws"]))
+    assert err < BF16_TOL, f"dgrad {config} {mkn}: rel. error {err:.2e}"
+
+
+@gpu
+@pytest.mark.parametrize("config", _act_act_configs())
+@pytest.mark.parametrize("mkn", MKN, ids=MKN_IDS)
+def test_act_act_matches_emulation_and_accumulates(config, mkn):
+    m, k, n = mkn
+    o = _operands(m, k, n)
+    ref = emulated_wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"])
+    dw = cg.wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], config)
+    assert dw.dtype == torch.float32 and dw.shape == (n, k)
+    err = _relerr(dw, ref)
+    assert err < FP32_TOL, f"wgrad {config} {mkn}: rel. error {err:.2e}"
+    grad = torch.randn(n, k, device="cuda") * ref.abs().mean()
+    before = grad.clone()
+    same = cg.wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], config, out=grad)
+    assert same is grad
+    err = _relerr(grad, before + ref)
+    assert err < FP32_TOL, f"wgrad accumulate {config} {mkn}: rel. error {err:.2e}"
+
+
+@gpu
+@pytest.mark.parametrize("config", cg.configs("act_act_bf16") or ["none"])
+def test_act_act_bf16_output(config):
+    m, k, n = RAGGED
+    o = _operands(m, k, n)
+    if config not in cg.configs("act_act_bf16"):
+        pytest.skip("the library has no act_act_bf16 config")
+    dw = cg.wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], config, out_dtype=torch.bfloat16)
+    assert dw.dtype == torch.bfloat16
+    assert _relerr(dw, emulated_wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"])) < BF16_TOL
+
+
+@gpu
+def test_triton_quantizer_layouts_feed_the_kernels_without_copies():
+    if not triton_available():
+        pytest.skip("needs Triton")
+    m, k, n = 512, 640, 384
+    x, w = _probe_operands("cuda", m, k, n)
+    q, s, qt, st = quant_act(x, True, True, True)
+    wq, wtq, ws = quant_weight(w, True, True)
+    assert s.stride(0) == 1 and st.stride(0) == 1  # column-major 1x128 scales, used as they are
+    y = cg.fprop(q, s, wq, ws)
+    assert _relerr(y, emulated_fprop(q, s, wq, ws)) < BF16_TOL
+    dw = cg.wgrad(qt, st, qt, st)  # x^T x: both operands quantized along the tokens
+    assert _relerr(dw, emulated_wgrad(qt, st, qt, st)) < FP32_TOL
+
+
+@gpu
+def test_compiled_graph_keeps_the_ops():
+    o = _operands(*RAGGED)
+
+    def f(xq, xs, wq, ws, dytq, dyts, xtq, xts, grad):
+        cg.wgrad(dytq, dyts, xtq, xts, out=grad)
+        return cg.fprop(xq, xs, wq, ws)
+
+    grad = torch.zeros(RAGGED[2], RAGGED[1], device="cuda")
+    args = (o["xq"], o["xs"], o["wq"], o["ws"], o["dytq"], o["dyts"], o["xtq"], o["xts"])
+    y = torch.compile(f, fullgraph=True)(*args, grad)
+    assert _relerr(y, emulated_fprop(o["xq"], o["xs"], o["wq"], o["ws"])) < BF16_TOL
+    assert _relerr(grad, emulated_wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"])) < FP32_TOL
+

@@ -1,0 +1,377 @@
+"""Blockwise-FP8 GEMMs on CUTLASS's Hopper kernels (``csrc/blockwise_gemm.cu``), loaded with ctypes.
+
+The kernels are CUTLASS's warp-specialized FP8 mainloops with blockwise scale promotion
+(``KernelTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise``): the pingpong schedule alternates
+two consumer warpgroups on different tiles, so one's per-128-K promotion FMAs overlap the other's
+WGMMAs (DeepGEMM's design; issue 16). The library is a plain C shared object built ahead of time
+(``python -m trainer.fp8.csrc.build --out .gpu_build``) with no torch headers, so it does not depend
+on torch's C++ ABI; this module finds it, checks that its exported signatures are the ones written
+here (:data:`_API` against ``purokit_fp8_abi()``), and wraps the calls as torch custom ops.
+
+Where the library is looked for: ``$PUROKIT_FP8_GEMM_LIB`` (a path to the .so; when set, only that),
+else ``.gpu_build/libpurokit_fp8_gemm.so`` under the repository root, else
+``~/.cache/purokit/libpurokit_fp8_gemm.so``.
+
+Operands and scales are laid out as :mod:`trainer.fp8.triton_kernels` writes them; every GEMM takes
+both operands K-major ("TN") and M, N, K multiples of 128:
+
+===========  ==========================  ================================  ==========  ===========
+kind         A, its scales               B, its scales                     output      serves
+===========  ==========================  ================================  ==========  ===========
+act_weight   (M, K), (M, K/128) 1x128    (N, K), (N/128, K/128) 128x128    bf16        Fprop/Dgrad
+act_act      (M, K), (M, K/128) 1x128    (N, K), (N, K/128) 1x128          fp32 [+= C]  Wgrad
+===========  ==========================  ================================  ==========  ===========
+
+1x128 scales are used without a copy when stored column-major (``quant_act``'s ``s``/``st``);
+128x128 scales when row-major (``quant_weight``'s ``ws``). Dgrad's B is the transposed weight copy
+``wtq`` (K, N), whose block scales are ``ws.t()``: :func:`dgrad` passes its contiguous copy (16 KB
+for the largest 1.7B weight).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from trainer.fp8.gemm import colmajor
+from trainer.fp8.recipe import GROUP
+
+LIB_ENV = "PUROKIT_FP8_GEMM_LIB"
+LIB_NAME = "libpurokit_fp8_gemm.so"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCE = Path(__file__).with_name("csrc") / "blockwise_gemm.cu"
+ABI_VERSION = 1
+
+KINDS = ("act_weight", "act_act", "act_act_bf16")
+RASTER = {"heuristic": 0, "m": 1, "n": 2}
+
+# The exported C API, mirrored by PUROKIT_FP8_API in csrc/blockwise_gemm.cu; checked against the
+# library's own stringified table when it is loaded (and against the source by the CPU tests).
+_API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("int", "purokit_fp8_abi_version", ()),
+    ("const char*", "purokit_fp8_abi", ()),
+    ("int", "purokit_fp8_config_count", ()),
+    ("const char*", "purokit_fp8_config_name", ("int config",)),
+    ("const char*", "purokit_fp8_config_kind", ("int config",)),
+    ("const char*", "purokit_fp8_status_string", ("int status",)),
+    ("int", "purokit_fp8_workspace_size", ("int config", "int m", "int n", "int k", "size_t* out")),
+    ("int", "purokit_fp8_act_weight", (
+        "int config", "const void* a", "const void* b", "const float* sa", "const float* sb", "void* d",
+        "int m", "int n", "int k", "int raster", "int swizzle", "void* workspace", "size_t workspace_size",
+        "cudaStream_t stream",
+    )),
+    ("int", "purokit_fp8_act_act", (
+        "int config", "const void* a", "const void* b", "const float* sa", "const float* sb", "const float* c",
+        "void* d", "float beta", "int m", "int n", "int k", "int raster", "int swizzle", "void* workspace",
+        "size_t workspace_size", "cudaStream_t stream",
+    )),
+)
+
+_CTYPES = {
+    "void": None,
+    "int": ctypes.c_int,
+    "float": ctypes.c_float,
+    "size_t": ctypes.c_size_t,
+    "size_t*": ctypes.POINTER(ctypes.c_size_t),
+    "const char*": ctypes.c_char_p,
+    "const void*": ctypes.c_void_p,
+    "void*": ctypes.c_void_p,
+    "const float*": ctypes.c_void_p,
+    "cudaStream_t": ctypes.c_void_p,
+}
+
+
+def _param_type(param: str) -> str:
+    """C type of a ``"type name"`` parameter (``"const float* sa"`` -> ``"const float*"``)."""
+    return param.rsplit(" ", 1)[0]
+
+
+def abi_string(api=_API) -> str:
+    """The API table as the C side stringifies it, without whitespace (compared whitespace-free)."""
+    parts = [f"{ret} {name}({', '.join(params) or 'void'});" for ret, name, params in api]
+    return re.sub(r"\s+", "", "".join(parts))
+
+
+class Library:
+    """The loaded .so with its signatures set and its config table read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.dll = ctypes.CDLL(str(path))
+        for ret, name, params in _API:
+            fn = getattr(self.dll, name)
+            fn.restype = _CTYPES[ret]
+            fn.argtypes = [_CTYPES[_param_type(p)] for p in params]
+        version = self.dll.purokit_fp8_abi_version()
+        if version != ABI_VERSION:
+            raise OSError(f"{path}: ABI version {version}, this module speaks {ABI_VERSION}: rebuild it")
+        got = re.sub(r"\s+", "", self.dll.purokit_fp8_abi().decode())
+        if got != abi_string():
+            raise OSError(f"{path}: exported signatures differ from trainer.fp8.cutlass_gemm._API: rebuild it")
+        count = self.dll.purokit_fp8_config_count()
+        self.configs: dict[str, dict[str, int]] = {k: {} for k in KINDS}
+        for i in range(count):
+            kind = self.dll.purokit_fp8_config_kind(i).decode()
+            self.configs[kind][self.dll.purokit_fp8_config_name(i).decode()] = i
+
+    def status(self, status: int) -> str:
+        return self.dll.purokit_fp8_status_string(status).decode()
+
+
+def library_candidates() -> list[Path]:
+    """Where the library is looked for, in order (only ``$PUROKIT_FP8_GEMM_LIB`` when it is set)."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        return [Path(env).expanduser()]
+    return [REPO_ROOT / ".gpu_build" / LIB_NAME, Path.home() / ".cache" / "purokit" / LIB_NAME]
+
+
+@functools.lru_cache(maxsize=None)
+def _load(candidates: tuple[Path, ...]) -> tuple[Library | None, str]:
+    for path in candidates:
+        if path.is_file():
+            try:
+                return Library(path), f"loaded {path}"
+            except (OSError, AttributeError) as exc:
+                return None, f"cannot load {path}: {exc}"
+    where = ", ".join(map(str, candidates))
+    return None, (f"no {LIB_NAME} at {where}: build it with "
+                  "`python -m trainer.fp8.csrc.build --out .gpu_build` (nvcc and $CUTLASS_DIR needed)")
+
+
+def library() -> tuple[Library | None, str]:
+    """The loaded library (or None) and a sentence saying which file it is or why there is none."""
+    return _load(tuple(library_candidates()))
+
+
+def available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether the CUTLASS GEMMs can run on ``device`` (default: the current CUDA device), and why not."""
+    lib, reason = library()
+    if lib is None:
+        return False, reason
+    if not torch.cuda.is_available():
+        return False, "no CUDA device (torch.cuda.is_available() is False)"
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type != "cuda":
+        return False, f"{dev} is not a CUDA device"
+    cap = torch.cuda.get_device_capability(dev)
+    if cap != (9, 0):
+        return False, f"the library is built for sm_90a (Hopper), {dev} is sm_{cap[0]}{cap[1]}"
+    return True, reason
+
+
+def configs(kind: str) -> list[str]:
+    """Names of the library's configs of ``kind`` (``act_weight``, ``act_act``, ``act_act_bf16``)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown GEMM kind {kind!r}: expected one of {KINDS}")
+    lib, _ = library()
+    return list(lib.configs[kind]) if lib is not None else []
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks (pure: no library, no GPU)
+# ----------------------------------------------------------------------------------------------
+
+
+def check_operands(kind: str, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> tuple[int, int, int]:
+    """(M, N, K) of ``a (M, K) @ b (N, K)^T`` after checking dtypes, ranks and scale shapes; a
+    ValueError names the shapes when the problem is not one the kernels take."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"cutlass fp8 {kind}: a and b must be 2-D, got {tuple(a.shape)} and {tuple(b.shape)}")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"cutlass fp8 {kind}: {name} must be float8_e4m3fn, got {t.dtype}")
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"cutlass fp8 {kind}: a {tuple(a.shape)} and b {tuple(b.shape)} differ in K")
+    if m % GROUP or n % GROUP or k % GROUP or not (m and n and k):
+        raise ValueError(
+            f"cutlass fp8 {kind}: (M, N, K) = ({m}, {n}, {k}) must be positive multiples of {GROUP} "
+            "(pad the tokens to 128, as the Wgrad operands already are)"
+        )
+    want_sb = (n // GROUP, k // GROUP) if kind == "act_weight" else (n, k // GROUP)
+    for name, t, want in (("sa", sa, (m, k // GROUP)), ("sb", sb, want_sb)):
+        if tuple(t.shape) != want or t.dtype != torch.float32:
+            raise ValueError(
+                f"cutlass fp8 {kind}: {name} must be float32 {want} for (M, N, K) = ({m}, {n}, {k}), "
+                f"got {t.dtype} {tuple(t.shape)}"
+            )
+    return m, n, k
+
+
+def _config_index(lib: Library, kind: str, config: str) -> int:
+    try:
+        return lib.configs[kind][config]
+    except KeyError:
+        raise ValueError(f"cutlass fp8: no {kind} config {config!r}; the library has {list(lib.configs[kind])}") from None
+
+
+def _require(a: torch.Tensor, tensors) -> Library:
+    lib, reason = library()
+    if lib is None:
+        raise RuntimeError(f"cutlass fp8 GEMMs unavailable: {reason}")
+    if not a.is_cuda:
+        raise RuntimeError("cutlass fp8 GEMMs need CUDA tensors")
+    for t in tensors:
+        if t.device != a.device:
+            raise RuntimeError(f"cutlass fp8: operands on {a.device} and {t.device}")
+    return lib
+
+
+_WORKSPACE: dict[tuple[int, int, int, int], int] = {}
+
+
+def _workspace(lib: Library, index: int, m: int, n: int, k: int, device) -> tuple[torch.Tensor | None, int]:
+    key = (index, m, n, k)
+    if key not in _WORKSPACE:
+        size = ctypes.c_size_t(0)
+        status = lib.dll.purokit_fp8_workspace_size(index, m, n, k, ctypes.byref(size))
+        if status:
+            raise RuntimeError(f"cutlass fp8 workspace size for (M, N, K) = ({m}, {n}, {k}): {lib.status(status)}")
+        _WORKSPACE[key] = size.value
+    size = _WORKSPACE[key]
+    return (torch.empty(size, dtype=torch.uint8, device=device), size) if size else (None, 0)
+
+
+def _ptr(t: torch.Tensor | None):
+    return t.data_ptr() if t is not None else None
+
+
+def _fail(lib: Library, status: int, kind: str, config: str, m: int, n: int, k: int) -> None:
+    if status:
+        raise RuntimeError(
+            f"cutlass fp8 {kind} config {config!r} on (M, N, K) = ({m}, {n}, {k}) failed: "
+            f"{lib.status(status)} (status {status})"
+        )
+
+
+def _rowmajor(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops (opaque to torch.compile, shape-only fake implementations, as gemm.py's)
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("purokit_fp8::cutlass_act_weight", mutates_args=())
+def _act_weight_op(
+    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, raster: int, swizzle: int
+) -> torch.Tensor:
+    m, n, k = check_operands("act_weight", a, b, sa, sb)
+    lib = _require(a, (b, sa, sb))
+    index = _config_index(lib, "act_weight", config)
+    a, b, sa, sb = _rowmajor(a), _rowmajor(b), colmajor(sa), _rowmajor(sb)
+    d = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    with torch.cuda.device(a.device):
+        ws, ws_size = _workspace(lib, index, m, n, k, a.device)
+        status = lib.dll.purokit_fp8_act_weight(
+            index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(d), m, n, k, raster, swizzle,
+            _ptr(ws), ws_size, torch.cuda.current_stream(a.device).cuda_stream,
+        )
+    _fail(lib, status, "act_weight", config, m, n, k)
+    return d
+
+
+@_act_weight_op.register_fake
+def _(a, b, sa, sb, config, raster, swizzle):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16)
+
+
+def _act_act_call(a, b, sa, sb, c, d, beta, kind, config, raster, swizzle) -> None:
+    m, n, k = check_operands(kind, a, b, sa, sb)
+    lib = _require(a, (b, sa, sb, d))
+    index = _config_index(lib, kind, config)
+    a, b, sa, sb = _rowmajor(a), _rowmajor(b), colmajor(sa), colmajor(sb)
+    with torch.cuda.device(a.device):
+        ws, ws_size = _workspace(lib, index, m, n, k, a.device)
+        status = lib.dll.purokit_fp8_act_act(
+            index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(c), _ptr(d), beta, m, n, k, raster, swizzle,
+            _ptr(ws), ws_size, torch.cuda.current_stream(a.device).cuda_stream,
+        )
+    _fail(lib, status, kind, config, m, n, k)
+
+
+@torch.library.custom_op("purokit_fp8::cutlass_act_act", mutates_args=())
+def _act_act_op(
+    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, out_dtype: torch.dtype,
+    raster: int, swizzle: int,
+) -> torch.Tensor:
+    kind = "act_act" if out_dtype == torch.float32 else "act_act_bf16"
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"cutlass fp8 act_act: out_dtype must be float32 or bfloat16, got {out_dtype}")
+    d = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    _act_act_call(a, b, sa, sb, None, d, 0.0, kind, config, raster, swizzle)
+    return d
+
+
+@_act_act_op.register_fake
+def _(a, b, sa, sb, config, out_dtype, raster, swizzle):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("purokit_fp8::cutlass_act_act_accumulate", mutates_args=("out",))
+def _act_act_accumulate_op(
+    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, beta: float,
+    config: str, raster: int, swizzle: int,
+) -> None:
+    want = (a.shape[0], b.shape[0])
+    if out.dtype != torch.float32 or tuple(out.shape) != want or not out.is_contiguous():
+        raise ValueError(
+            f"cutlass fp8 act_act: out must be a contiguous float32 {want} tensor, got {out.dtype} "
+            f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})"
+        )
+    _act_act_call(a, b, sa, sb, out, out, beta, "act_act", config, raster, swizzle)
+
+
+@_act_act_accumulate_op.register_fake
+def _(a, b, sa, sb, out, beta, config, raster, swizzle):
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public calls
+# ----------------------------------------------------------------------------------------------
+
+DEFAULT_ACT_WEIGHT = "coop_128x128_c1x1"
+DEFAULT_ACT_ACT = "coop_128x128_c1x1"
+
+
+def act_weight(a, b, sa, sb, config: str = DEFAULT_ACT_WEIGHT, raster: str = "heuristic", swizzle: int = 1):
+    """``a (M, K) @ b (N, K)^T`` in bf16: ``a`` scaled per 1x128 along K (``sa`` (M, K/128)), ``b`` per
+    128x128 block (``sb`` (N/128, K/128))."""
+    return _act_weight_op(a, b, sa, sb, config, RASTER[raster], swizzle)
+
+
+def act_act(a, b, sa, sb, config: str = DEFAULT_ACT_ACT, out: torch.Tensor | None = None,
+            out_dtype: torch.dtype = torch.float32, beta: float = 1.0, raster: str = "heuristic", swizzle: int = 1):
+    """``a (M, K) @ b (N, K)^T`` with both operands scaled per 1x128 along K (``sa`` (M, K/128), ``sb``
+    (N, K/128)). With ``out`` (float32 (M, N)): ``out = a b^T + beta * out`` in place (the Wgrad that
+    accumulates into the fp32 gradient), returning ``out``; else a new ``out_dtype`` tensor."""
+    if out is not None:
+        _act_act_accumulate_op(a, b, sa, sb, out, beta, config, RASTER[raster], swizzle)
+        return out
+    return _act_act_op(a, b, sa, sb, config, out_dtype, RASTER[raster], swizzle)
+
+
+def fprop(xq, xs, wq, ws, config: str = DEFAULT_ACT_WEIGHT, **kw) -> torch.Tensor:
+    """``y (M, N) = x (M, K) w (N, K)^T`` (as :func:`trainer.fp8.gemm.scaled_mm_fprop`)."""
+    return act_weight(xq, wq, xs, ws, config, **kw)
+
+
+def dgrad(dyq, dys, wtq, ws, config: str = DEFAULT_ACT_WEIGHT, **kw) -> torch.Tensor:
+    """``dx (M, K) = dy (M, N) w (N, K)``; ``wtq`` is the row-major (K, N) copy of ``wq`` and ``ws``
+    the (N/128, K/128) scales of ``w`` (their transpose is copied: the kernel reads K-major blocks)."""
+    return act_weight(dyq, wtq, dys, ws.t(), config, **kw)
+
+
+def wgrad(dytq, dyts, xtq, xts, config: str = DEFAULT_ACT_ACT, out: torch.Tensor | None = None,
+          out_dtype: torch.dtype = torch.float32, **kw) -> torch.Tensor:
+    """``dw (N, K) = dy^T (N, M) x (M, K)``, both quantized along the tokens M; with ``out`` the
+    product is added into it (``out += dw``)."""
+    return act_act(dytq, xtq, dyts, xts, config, out=out, out_dtype=out_dtype, **kw)
