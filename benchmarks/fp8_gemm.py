@@ -174,14 +174,18 @@ def quant_bandwidth() -> list[dict]:
     return rows
 
 
-def _launch_with(tiles: int, warps: int, fn):
-    """Run ``fn`` with the activation quantizer's launch settings set to (tiles, warps)."""
-    saved = triton_kernels.ACT_TILES, triton_kernels.ACT_WARPS
-    triton_kernels.ACT_TILES, triton_kernels.ACT_WARPS = tiles, warps
+LAUNCHES = [(8, 4), (16, 4), (16, 8), (32, 8), (64, 8), (128, 8)]
+
+
+def _launch_with(kernel: str, launch: tuple[int, int], fn):
+    """Run ``fn`` with one kernel's launch settings (rows or columns a band, warps) set to ``launch``."""
+    saved = dict(triton_kernels.LAUNCH)
+    triton_kernels.LAUNCH[kernel] = launch
     try:
         return fn()
     finally:
-        triton_kernels.ACT_TILES, triton_kernels.ACT_WARPS = saved
+        triton_kernels.LAUNCH.clear()
+        triton_kernels.LAUNCH.update(saved)
 
 
 def _same(a, b) -> bool:
@@ -189,53 +193,48 @@ def _same(a, b) -> bool:
                            y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y) for x, y in zip(a, b))
 
 
+def _sweep(kernel: str, fn, nbytes: float, **labels) -> list[dict]:
+    """Time ``fn`` under each launch setting of ``kernel``; check each result bit-identical to the first."""
+    rows, ref = [], None
+    for launch in LAUNCHES:
+        got = _launch_with(kernel, launch, fn)
+        ref = got if ref is None else ref
+        t = _launch_with(kernel, launch, lambda: bench_ms(fn))
+        rows.append({"kernel": kernel, **labels, "part": launch[0], "warps": launch[1], "ms": t,
+                     "GBps": nbytes / t / 1e6, "bit_identical": _same(got, ref)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def quant_sweep(m: int = 32768) -> dict:
-    """The activation quantizer's launch settings (tiles a program x warps), each checked bit-identical to
-    one tile / 8 warps; and the fused SwiGLU quantizers against Inductor's SwiGLU (forward, backward)
-    followed by the separate activation quantizer, in GB/s of the fused kernel's own traffic."""
+    """The three activation kernels' launch settings (band of rows/columns, warps), each checked
+    bit-identical to the first; and the fused SwiGLU quantizers against Inductor's SwiGLU (forward,
+    backward) followed by the activation quantizer. GB/s count each kernel's own DRAM traffic."""
     rows = []
     for k in (2048, 4096, 6144, 12288):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        nbytes = x.numel() * (2 + 2 + 8 / 128)
-        ref = _launch_with(1, 8, lambda: quant_act(x, True, True, True))
-        for tiles in (1, 2, 4):
-            for warps in (4, 8):
-                got = _launch_with(tiles, warps, lambda: quant_act(x, True, True, True))
-                t = _launch_with(tiles, warps, lambda: bench_ms(lambda: quant_act(x, True, True, True)))
-                rows.append({"kernel": "act", "M": m, "K": k, "tiles": tiles, "warps": warps, "ms": t,
-                             "GBps": nbytes / t / 1e6, "bit_identical": _same(got, ref)})
-                print(json.dumps(rows[-1]), flush=True)
-    swiglu = []
+        rows += _sweep("act", lambda: quant_act(x, True, True, True), x.numel() * (2 + 2 + 8 / 128), M=m, K=k)
     f = 6144
     gu = torch.randn(m, 2 * f, device="cuda", dtype=torch.bfloat16)
     dh = torch.randn(m, f, device="cuda", dtype=torch.bfloat16)
+    rows += _sweep("swiglu", lambda: swiglu_quant(gu, True, True), m * f * (4 + 2 + 8 / 128), M=m, F=f)
+    rows += _sweep("swiglu_bwd", lambda: swiglu_bwd_quant(gu, dh, True, True, True), m * f * (6 + 4 + 16 / 128),
+                   M=m, F=f)
 
     def unfused_fwd(a):
-        g, u = a.chunk(2, dim=-1)
-        return F.silu(g) * u
+        g, u = a.float().chunk(2, dim=-1)
+        return (F.silu(g) * u).to(a.dtype)
 
     def unfused_bwd(a, d):
-        g, u = a.chunk(2, dim=-1)
-        return torch.cat([torch.ops.aten.silu_backward(d * u, g), d * F.silu(g)], dim=-1)
+        g, u = a.float().chunk(2, dim=-1)
+        d = d.float()
+        return torch.cat([torch.ops.aten.silu_backward(d * u, g), d * F.silu(g)], dim=-1).to(a.dtype)
 
     fwd_c, bwd_c = torch.compile(unfused_fwd), torch.compile(unfused_bwd)
-    t_fused = bench_ms(lambda: swiglu_quant(gu, True, True))
-    t_unfused = bench_ms(lambda: quant_act(fwd_c(gu), True, True, True))
-    swiglu.append({"kernel": "swiglu fwd", "M": m, "F": f, "fused_ms": t_fused, "unfused_ms": t_unfused,
-                   "fused_GBps": m * f * (4 + 2 + 8 / 128) / t_fused / 1e6})
-    print(json.dumps(swiglu[-1]), flush=True)
-    t_unfused = bench_ms(lambda: quant_act(bwd_c(gu, dh), True, True, True))
-    for warps in (8, 16):
-        saved = triton_kernels._SWIGLU_BWD_WARPS
-        triton_kernels._SWIGLU_BWD_WARPS = warps
-        try:
-            t_fused = bench_ms(lambda: swiglu_bwd_quant(gu, dh, True, True, True))
-        finally:
-            triton_kernels._SWIGLU_BWD_WARPS = saved
-        swiglu.append({"kernel": "swiglu bwd", "M": m, "F": f, "warps": warps, "fused_ms": t_fused,
-                       "unfused_ms": t_unfused, "fused_GBps": m * f * (6 + 4 + 16 / 128) / t_fused / 1e6})
-        print(json.dumps(swiglu[-1]), flush=True)
-    return {"act": rows, "swiglu": swiglu}
+    unfused = {"swiglu (Inductor) + act": bench_ms(lambda: quant_act(fwd_c(gu), True, True, True)),
+               "swiglu_bwd (Inductor) + act": bench_ms(lambda: quant_act(bwd_c(gu, dh), True, True, True))}
+    print(json.dumps(unfused), flush=True)
+    return {"launch": rows, "unfused_ms": unfused}
 
 
 def _row(r: dict, columns: list[tuple[str, str]]) -> str:

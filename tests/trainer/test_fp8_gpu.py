@@ -150,47 +150,57 @@ def test_triton_and_torch_quantizers_give_identical_layers():
         assert torch.equal(a, b)
 
 
-def _same_quantization(name, got, x, pow2):
-    """``got`` = (q, s, qt, st) equals :func:`quant_act` of ``x`` byte for byte."""
+def _nearly_same_quantization(name, got, x, pow2):
+    """``got`` = (q, s, qt, st) is :func:`quant_act` of ``x`` up to the last bits of float32 math (the
+    fused kernels' fast sigmoid against torch's): scales equal but for <= 0.1% of groups, FP8 codes
+    equal but for <= 0.1% of values, and where they differ, a neighbouring code of the same sign."""
     for part, a, b in zip(("q", "scale", "transposed q", "transposed scale"), got, quant_act(x, pow2, True, True)):
-        _same_bytes(f"{name}: {part}", a, b)
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{name}: {part}"
+        if a.dtype == torch.float8_e4m3fn:
+            diff = (a.view(torch.uint8).int() - b.view(torch.uint8).int()).abs()
+            assert int(diff.max()) <= 1, f"{name}: {part} differs by {int(diff.max())} codes"
+            frac = float((diff > 0).float().mean())
+        else:
+            frac = float((a != b).float().mean())
+        assert frac <= 1e-3, f"{name}: {part}: {frac:.2e} of the values differ"
 
 
 @needs_triton
 @pytest.mark.parametrize("m", [4096, 1000])
 @pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
-def test_triton_swiglu_quant_equals_eager_swiglu_then_quant(m, scale_format):
-    """The fused kernel quantizes exactly the h = silu(gate) * up that eager BF16 torch computes."""
+def test_triton_swiglu_quant_equals_float32_swiglu_then_quant(m, scale_format):
+    """The fused kernel quantizes h = silu(gate) * up computed in float32 from the BF16 gate-up output."""
     f = 768
     gu = _spread(m, 2 * f, seed=m + 1)
-    gate, up = gu.chunk(2, dim=-1)
+    gate, up = gu.float().chunk(2, dim=-1)
     pow2 = scale_format == "pow2"
-    _same_quantization("swiglu", swiglu_quant(gu, pow2, True), F.silu(gate) * up, pow2)
+    _nearly_same_quantization("swiglu", swiglu_quant(gu, pow2, True), F.silu(gate) * up, pow2)
 
 
 @needs_triton
 @pytest.mark.parametrize("m", [4096, 1000])
 @pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
-def test_triton_swiglu_backward_quant_equals_eager_autograd_then_quant(m, scale_format):
-    """The fused backward quantizes exactly the d[gate | up] that eager BF16 autograd computes."""
+def test_triton_swiglu_backward_quant_equals_float32_autograd_then_quant(m, scale_format):
+    """The fused backward quantizes the d[gate | up] that float32 autograd computes from the BF16 inputs."""
     f = 768
-    gu = _spread(m, 2 * f, seed=m + 2).requires_grad_()
+    gu = _spread(m, 2 * f, seed=m + 2)
     dh = _spread(m, f, seed=m + 3)
-    gate, up = gu.chunk(2, dim=-1)
-    (F.silu(gate) * up).backward(dh)
+    g32 = gu.float().requires_grad_()
+    gate, up = g32.chunk(2, dim=-1)
+    (F.silu(gate) * up).backward(dh.float())
     pow2 = scale_format == "pow2"
-    got = swiglu_bwd_quant(gu.detach(), dh, pow2, True, True)
-    _same_quantization("swiglu backward", got, gu.grad, pow2)
-    rows_only = swiglu_bwd_quant(gu.detach(), dh, pow2, True, False)
+    got = swiglu_bwd_quant(gu, dh, pow2, True, True)
+    _nearly_same_quantization("swiglu backward", got, g32.grad, pow2)
+    rows_only = swiglu_bwd_quant(gu, dh, pow2, True, False)
     _same_bytes("rows only: q", rows_only[0], got[0])
     assert rows_only[2].numel() == 0
 
 
 @needs_blockwise
 @needs_triton
-def test_fused_fp8_swiglu_mlp_triton_equals_torch_quantizer_and_tracks_bf16():
-    """The fused MLP (`Fp8Linear.forward_swiglu`) on cuBLAS: the Triton kernels give bitwise the
-    torch-quantizer result, and the FP8 MLP tracks the BF16 one to FP8 noise."""
+def test_fused_fp8_swiglu_mlp_triton_matches_torch_quantizer_and_tracks_bf16():
+    """The fused MLP (`Fp8Linear.forward_swiglu`) on cuBLAS: the Triton kernels agree with the torch
+    quantizer path (the same float32 formulas; fast sigmoid) and the FP8 MLP tracks BF16 to FP8 noise."""
     from trainer.model import MLP, ModelConfig
 
     cfg = ModelConfig(vocab_size=10, d_model=2048, n_layers=1, n_heads=16, n_kv_heads=8, head_dim=128, d_ff=6144)
@@ -210,7 +220,7 @@ def test_fused_fp8_swiglu_mlp_triton_equals_torch_quantizer_and_tracks_bf16():
         y.backward(dy)
         results[name] = [y.detach(), xi.grad] + [m.weight.grad for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
     for a, b in zip(results["triton"], results["torch"]):
-        assert torch.equal(a, b)
+        assert _rel(a, b) < 5e-3
     for a, b in zip(results["triton"], results["bf16"]):
         assert _rel(a, b) < 0.1
 

@@ -194,21 +194,23 @@ def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype, lib):
 
 def _swiglu_quant(gu, scale_format, quantizer, backend, transposed):
     """The down projection's quantized input ``h = silu(gate) * up`` from the stacked gate-up output
-    ``gu`` (M, 2F): one Triton pass that never writes ``h``, or torch ops then :func:`_quant_act`."""
+    ``gu`` (M, 2F), computed in float32 and rounded once, by the quantization (as Inductor's fused
+    SwiGLU): one Triton pass that never writes ``h``, or torch ops then :func:`_quant_act`."""
     if quantizer == "triton":
         q, s, qt, st = swiglu_quant(gu, scale_format == "pow2", transposed)
         return (q, s), (qt, st) if transposed else (None, None)
-    gate, up = gu.chunk(2, dim=-1)
+    gate, up = gu.float().chunk(2, dim=-1)
     return _quant_act(F.silu(gate) * up, scale_format, quantizer, backend, rows=True, transposed=transposed)
 
 
 def _swiglu_bwd_quant(gu, dh, scale_format, quantizer, backend, rows, transposed):
     """The quantized output gradient of the stacked gate-up linear, ``d[gate | up]`` of
-    ``h = silu(gate) * up`` given ``dh``; as eager torch's autograd computes it (BF16 in, BF16 out)."""
+    ``h = silu(gate) * up`` given ``dh``, in float32 (autograd's formulas), rounded once by the quantization."""
     if quantizer == "triton":
         q, s, qt, st = swiglu_bwd_quant(gu, dh, scale_format == "pow2", rows, transposed)
         return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
-    gate, up = gu.chunk(2, dim=-1)
+    gate, up = gu.float().chunk(2, dim=-1)
+    dh = dh.float()
     dgu = torch.cat([torch.ops.aten.silu_backward(dh * up, gate), dh * F.silu(gate)], dim=-1)
     return _quant_act(dgu, scale_format, quantizer, backend, rows=rows, transposed=transposed)
 

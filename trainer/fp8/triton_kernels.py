@@ -32,13 +32,11 @@ _NS = "purokit_fp8"
 try:  # Triton is optional: absent on CPU-only installs
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 
     _TRITON_IMPORT_ERROR: str | None = None
 except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
     triton = None
     tl = None
-    libdevice = None
     _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 
@@ -64,109 +62,119 @@ if triton is not None:
             inv = tl.math.div_rn(e4m3_max, amax)
         return scale, inv
 
+    # Each kernel below quantizes one 128 x 128 tile of its output in two passes: the row copy in bands of
+    # PART rows (each row's 1x128 group whole), then the transposed copy in bands of PART columns (each
+    # column's 128-token group whole), loading (or computing) the band it needs each time; the second
+    # pass re-reads the tile from L2. A whole float32 tile held for both passes took all 255 registers a
+    # thread at 8 warps (one program per SM); bands of 16 take 80 (ptxas -v; benchmarks/RESULTS.md).
+
     @triton.jit
-    def _quant_store(
-        x, rm, rk, kb, mb, M, K, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
-        POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr,
-    ):
-        """Quantize one float32 128x128 tile ``x`` (rows ``rm`` of M tokens, columns ``rk`` of a K-wide
-        output; ``kb``/``mb`` its column/row block) into the row copy and the transposed copy."""
+    def _store_rows(x, rm, rk, kb, M, K, q_ptr, s_ptr, POW2: tl.constexpr):
+        """Row copy of ``x`` (rows ``rm``, the 128 columns ``rk`` of group ``kb`` of a K-wide output):
+        ``q`` (M, K) row-major, scales into the (K/128, M) storage of the column-major (M, K/128) operand."""
         in_rows = rm < M
-        ax = tl.abs(x)
-        if WRITE_ROW:
-            s_r, inv_r = _scales(tl.max(ax, axis=1), POW2)
-            q = tl.clamp(x * inv_r[:, None], -448.0, 448.0).to(tl.float8e4nv)
-            tl.store(q_ptr + rm[:, None] * K + rk[None, :], q, mask=in_rows[:, None])
-            # s storage is (K/128, M): the (M, K/128) column-major operand scaled_mm wants
-            tl.store(s_ptr + kb * M + rm, s_r, mask=in_rows)
-        if WRITE_T:
-            s_c, inv_c = _scales(tl.max(ax, axis=0), POW2)
-            # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
-            qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
-            tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], qc)
-            # st storage is (M_pad/128, K): the (K, M_pad/128) column-major operand
-            tl.store(st_ptr + mb * K + rk, s_c)
+        s_r, inv_r = _scales(tl.max(tl.abs(x), axis=1), POW2)
+        q = tl.clamp(x * inv_r[:, None], -448.0, 448.0).to(tl.float8e4nv)
+        tl.store(q_ptr + rm[:, None] * K + rk[None, :], q, mask=in_rows[:, None])
+        tl.store(s_ptr + kb * M + rm, s_r, mask=in_rows)
+
+    @triton.jit
+    def _store_cols(x, rm, rk, mb, K, M_pad, qt_ptr, st_ptr, POW2: tl.constexpr):
+        """Transposed copy of ``x`` (the 128 token rows ``rm`` of group ``mb``, columns ``rk``): ``qt``
+        (K, M_pad) row-major, scales into the (M_pad/128, K) storage of the (K, M_pad/128) operand.
+        Rows past M were loaded as zeros: they are zeros in ``qt`` and add nothing to Wgrad."""
+        s_c, inv_c = _scales(tl.max(tl.abs(x), axis=0), POW2)
+        # transpose in float32, then cast (keeps 8-bit layouts out of the shared-memory transpose)
+        qc = tl.trans(tl.clamp(x * inv_c[None, :], -448.0, 448.0)).to(tl.float8e4nv)
+        tl.store(qt_ptr + rk[:, None] * M_pad + rm[None, :], qc)
+        tl.store(st_ptr + mb * K + rk, s_c)
+
+    @triton.jit
+    def _band(ptr, rm, rk, stride, M):
+        return tl.load(ptr + rm[:, None] * stride + rk[None, :], mask=(rm < M)[:, None], other=0.0).to(tl.float32)
 
     @triton.jit
     def _act_kernel(
         x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, M_pad, stride_xm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
-        TILES: tl.constexpr,
+        PART: tl.constexpr,
     ):
-        """One program quantizes TILES tiles of one 128-row band, side by side along K; the next tile
-        is loaded before the current one is quantized, so its read overlaps the arithmetic and the
-        stores (a program with one tile waits for its load, then computes with no load in flight)."""
         pid_m = tl.program_id(0)
-        kb0 = tl.program_id(1) * TILES
-        rm = pid_m * BLOCK + tl.arange(0, BLOCK)
-        cols = tl.arange(0, BLOCK)
-        in_rows = rm < M
-        rows = x_ptr + rm[:, None] * stride_xm
-        x = tl.load(rows + (kb0 * BLOCK + cols)[None, :], mask=in_rows[:, None], other=0.0)
-        for t in tl.static_range(TILES):
-            if t + 1 < TILES:
-                x_next = tl.load(rows + ((kb0 + t + 1) * BLOCK + cols)[None, :], mask=in_rows[:, None], other=0.0)
-            _quant_store(x.to(tl.float32), rm, (kb0 + t) * BLOCK + cols, kb0 + t, pid_m, M, K, M_pad,
-                         q_ptr, s_ptr, qt_ptr, st_ptr, POW2, WRITE_ROW, WRITE_T)
-            if t + 1 < TILES:
-                x = x_next
+        pid_k = tl.program_id(1)
+        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
+        if WRITE_ROW:
+            rk = k0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                rm = r0 + p * PART + tl.arange(0, PART)
+                _store_rows(_band(x_ptr, rm, rk, stride_xm, M), rm, rk, pid_k, M, K, q_ptr, s_ptr, POW2)
+        if WRITE_T:
+            cm = r0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                ck = k0 + p * PART + tl.arange(0, PART)
+                _store_cols(_band(x_ptr, cm, ck, stride_xm, M), cm, ck, pid_m, K, M_pad, qt_ptr, st_ptr, POW2)
 
     @triton.jit
-    def _silu_parts(g):
-        """silu(g) and sigmoid(g) in float32 as torch's CUDA kernels compute them (accurate expf,
-        correctly rounded division), so that the fused kernels round like eager torch."""
-        e = libdevice.exp(-g)
-        sig = tl.math.div_rn(1.0 + tl.zeros_like(g), 1.0 + e)
-        return tl.math.div_rn(g, 1.0 + e), sig
-
-    @triton.jit
-    def _bf16(x):
-        return x.to(tl.bfloat16).to(tl.float32)
+    def _swiglu_band(gu_ptr, rm, rk, stride, M, F):
+        """silu(gate) * up in float32 (one rounding, at quantization: as Inductor's fused SwiGLU)."""
+        g = _band(gu_ptr, rm, rk, stride, M)
+        return g * tl.sigmoid(g) * _band(gu_ptr, rm, rk + F, stride, M)
 
     @triton.jit
     def _swiglu_kernel(
         gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm,
-        POW2: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
+        POW2: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
     ):
         """h = silu(gate) * up from the stacked (M, 2F) gate-up output, quantized for the down
         projection: h is never written in BF16."""
         pid_m = tl.program_id(0)
         pid_k = tl.program_id(1)
-        rm = pid_m * BLOCK + tl.arange(0, BLOCK)
-        rk = pid_k * BLOCK + tl.arange(0, BLOCK)
-        rows = rm[:, None] < M
-        base = gu_ptr + rm[:, None] * stride_gm + rk[None, :]
-        g = tl.load(base, mask=rows, other=0.0).to(tl.float32)
-        u = tl.load(base + F, mask=rows, other=0.0).to(tl.float32)
-        silu, _ = _silu_parts(g)
-        h = _bf16(_bf16(silu) * u)  # eager torch: silu(g) in BF16, times up, in BF16
-        _quant_store(h, rm, rk, pid_k, pid_m, M, F, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr, POW2, True, WRITE_T)
+        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
+        rk = k0 + tl.arange(0, BLOCK)
+        for p in tl.range(BLOCK // PART):
+            rm = r0 + p * PART + tl.arange(0, PART)
+            _store_rows(_swiglu_band(gu_ptr, rm, rk, stride_gm, M, F), rm, rk, pid_k, M, F, q_ptr, s_ptr, POW2)
+        if WRITE_T:
+            cm = r0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                ck = k0 + p * PART + tl.arange(0, PART)
+                _store_cols(_swiglu_band(gu_ptr, cm, ck, stride_gm, M, F), cm, ck, pid_m, F, M_pad,
+                            qt_ptr, st_ptr, POW2)
+
+    @triton.jit
+    def _swiglu_grad_band(gu_ptr, dh_ptr, rm, rk, stride_g, stride_d, M, F):
+        """d(gate), d(up) of h = silu(gate) * up given dh, in float32."""
+        g = _band(gu_ptr, rm, rk, stride_g, M)
+        u = _band(gu_ptr, rm, rk + F, stride_g, M)
+        dh = _band(dh_ptr, rm, rk, stride_d, M)
+        sig = tl.sigmoid(g)
+        return dh * u * sig * (1.0 + g * (1.0 - sig)), dh * g * sig
 
     @triton.jit
     def _swiglu_bwd_kernel(
         gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm, stride_dm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
+        PART: tl.constexpr,
     ):
         """d(gate), d(up) of h = silu(gate) * up, written straight as the quantized output gradient
         (M, 2F) of the stacked gate-up linear: row copy for its Dgrad, transposed copy for its Wgrad."""
         pid_m = tl.program_id(0)
         pid_k = tl.program_id(1)
-        rm = pid_m * BLOCK + tl.arange(0, BLOCK)
-        rk = pid_k * BLOCK + tl.arange(0, BLOCK)
-        rows = rm[:, None] < M
-        base = gu_ptr + rm[:, None] * stride_gm + rk[None, :]
-        g = tl.load(base, mask=rows, other=0.0).to(tl.float32)
-        u = tl.load(base + F, mask=rows, other=0.0).to(tl.float32)
-        dh = tl.load(dh_ptr + rm[:, None] * stride_dm + rk[None, :], mask=rows, other=0.0).to(tl.float32)
-        silu, sig = _silu_parts(g)
-        # eager torch's autograd of silu(g) * up in BF16: d(up) = dh * silu(g); d(silu) = dh * up, then
-        # silu_backward: d(silu) * sig * (1 + g (1 - sig))
-        dg = _bf16(_bf16(dh * u) * sig * (1.0 + g * (1.0 - sig)))
-        _quant_store(dg, rm, rk, pid_k, pid_m, M, 2 * F, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
-                     POW2, WRITE_ROW, WRITE_T)
-        du = _bf16(dh * _bf16(silu))
-        _quant_store(du, rm, rk + F, pid_k + F // BLOCK, pid_m, M, 2 * F, M_pad, q_ptr, s_ptr, qt_ptr, st_ptr,
-                     POW2, WRITE_ROW, WRITE_T)
+        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
+        up_kb = pid_k + F // BLOCK
+        if WRITE_ROW:
+            rk = k0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                rm = r0 + p * PART + tl.arange(0, PART)
+                dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, rm, rk, stride_gm, stride_dm, M, F)
+                _store_rows(dg, rm, rk, pid_k, M, 2 * F, q_ptr, s_ptr, POW2)
+                _store_rows(du, rm, rk + F, up_kb, M, 2 * F, q_ptr, s_ptr, POW2)
+        if WRITE_T:
+            cm = r0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                ck = k0 + p * PART + tl.arange(0, PART)
+                dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, cm, ck, stride_gm, stride_dm, M, F)
+                _store_cols(dg, cm, ck, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
+                _store_cols(du, cm, ck + F, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
 
     @triton.jit
     def _weight_kernel(
@@ -212,16 +220,8 @@ def _act_outputs(x: torch.Tensor, m: int, k: int, write_row: bool, write_t: bool
     return q, s_store, qt, st_store
 
 
-# (tiles a program, warps) of the activation quantizer; ACT_TILES tiles where K allows (benchmarks/fp8_gemm.py
-# --quant-sweep measures the choices)
-ACT_TILES, ACT_WARPS = 1, 8
-
-
-def act_launch(k: int, tiles: int | None = None, warps: int | None = None) -> tuple[int, int]:
-    t = ACT_TILES if tiles is None else tiles
-    while (k // GROUP) % t:
-        t //= 2
-    return t, ACT_WARPS if warps is None else warps
+# (rows or columns a band, warps) of the three activation kernels (benchmarks/fp8_gemm.py --quant-sweep)
+LAUNCH = {"act": (16, 8), "swiglu": (16, 8), "swiglu_bwd": (16, 8)}
 
 
 def _grid(m: int, k: int) -> tuple[int, int]:
@@ -239,10 +239,10 @@ def _quant_act_op(
     out = _act_outputs(x, m, k, write_row, write_t)
     if m > 0 and (write_row or write_t):
         _require_triton()
-        tiles, warps = act_launch(k)
-        _act_kernel[(ceil_div(m, GROUP), k // GROUP // tiles)](
+        part, warps = LAUNCH["act"]
+        _act_kernel[_grid(m, k)](
             x, *out, m, k, out[2].shape[1], x.stride(0),
-            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, TILES=tiles, num_warps=warps,
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, PART=part, num_warps=warps,
         )
     return out
 
@@ -287,8 +287,10 @@ def _swiglu_quant_op(
     out = _act_outputs(gu, m, f, True, write_t)
     if m > 0:
         _require_triton()
+        part, warps = LAUNCH["swiglu"]
         _swiglu_kernel[_grid(m, f)](
-            gu, *out, m, f, out[2].shape[1], gu.stride(0), POW2=pow2, WRITE_T=write_t, BLOCK=GROUP, num_warps=8,
+            gu, *out, m, f, out[2].shape[1], gu.stride(0),
+            POW2=pow2, WRITE_T=write_t, BLOCK=GROUP, PART=part, num_warps=warps,
         )
     return out
 
@@ -317,9 +319,10 @@ def _swiglu_bwd_quant_op(
     out = _act_outputs(gu, m, 2 * f, write_row, write_t)
     if m > 0 and (write_row or write_t):
         _require_triton()
+        part, warps = LAUNCH["swiglu_bwd"]
         _swiglu_bwd_kernel[_grid(m, f)](
             gu, dh, *out, m, f, out[2].shape[1], gu.stride(0), dh.stride(0),
-            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, num_warps=_SWIGLU_BWD_WARPS,
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, PART=part, num_warps=warps,
         )
     return out
 
@@ -327,11 +330,6 @@ def _swiglu_bwd_quant_op(
 @_swiglu_bwd_quant_op.register_fake
 def _(gu, dh, pow2, write_row, write_t):
     return _act_outputs(gu, gu.shape[0], gu.shape[1], write_row, write_t)
-
-
-# up to five float32 128x128 tiles are live at once (gate, up, dh and the two gradients): twice the
-# warps of the other kernels, for twice the registers per tile (the choice measured in benchmarks/fp8_gemm.py)
-_SWIGLU_BWD_WARPS = 16
 
 
 def swiglu_bwd_quant(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool = True, write_t: bool = True):
