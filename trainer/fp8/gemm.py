@@ -227,25 +227,28 @@ def _(a, b, scale_a, scale_b, pad_block_scales, out_dtype, lib, role):
 @torch.library.custom_op("purokit_fp8::mm_1x128_1x128", mutates_args=())
 def _mm_act_act(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
-    lib: str,
+    lib: str, cublas_fp32_out: bool,
 ) -> torch.Tensor:
-    """``a (N, R) @ b (K, R)^T`` with both operands scaled per 1x128 along R (Wgrad: R = tokens)."""
+    """``a (N, R) @ b (K, R)^T`` with both operands scaled per 1x128 along R (Wgrad: R = tokens).
+    cuBLAS writes float32 only where the probe found it can (``cublas_fp32_out``; else BF16, cast)."""
     choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass" and out_dtype in (torch.float32, torch.bfloat16):
         from trainer.fp8 import cutlass_gemm
 
         return cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out_dtype=out_dtype,
                                     raster=choice.raster, swizzle=choice.swizzle)
-    return F.scaled_mm(
+    want = torch.bfloat16 if (out_dtype == torch.float32 and not cublas_fp32_out) else out_dtype
+    y = F.scaled_mm(
         _rowmajor(a), _rowmajor(b).t(),
         colmajor(scale_a), _BW1x128,
         colmajor(scale_b), _BW1x128,
-        output_dtype=out_dtype,
+        output_dtype=want,
     )
+    return y if y.dtype == out_dtype else y.to(out_dtype)
 
 
 @_mm_act_act.register_fake
-def _(a, b, scale_a, scale_b, out_dtype, lib):
+def _(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
@@ -261,11 +264,8 @@ def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloa
 
 
 def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.float32, lib: str = "cublas") -> torch.Tensor:
-    """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M.
-    cuBLAS writes float32 where the probe found it can (else BF16, cast); CUTLASS writes it directly."""
-    want = out_dtype if (out_dtype != torch.float32 or caps.wgrad_fp32_out or lib != "cublas") else torch.bfloat16
-    dw = _mm_act_act(dytq, xtq, dyts, xts, want, lib)
-    return dw if dw.dtype == out_dtype else dw.to(out_dtype)
+    """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M."""
+    return _mm_act_act(dytq, xtq, dyts, xts, out_dtype, lib, caps.wgrad_fp32_out)
 
 
 def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:
