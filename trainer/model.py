@@ -223,8 +223,11 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # the normed inputs in the residual stream's dtype (BF16 under autocast): what the linears compute
+        # with anyway (autocast casts them so for BF16 GEMMs), and an FP8 linear's quantizer, an opaque
+        # kernel to Inductor, then reads 2 bytes a value instead of the norm's float32 output
+        x = x + self.self_attn(self.input_layernorm(x).to(x.dtype), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x).to(x.dtype))
 
 
 class Decoder(nn.Module):
