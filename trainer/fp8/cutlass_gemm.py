@@ -45,7 +45,7 @@ LIB_ENV = "PUROKIT_FP8_GEMM_LIB"
 LIB_NAME = "libpurokit_fp8_gemm.so"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).with_name("csrc") / "blockwise_gemm.cu"
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 KINDS = ("act_weight", "act_act", "act_act_bf16")
 RASTER = {"heuristic": 0, "m": 1, "n": 2}
@@ -59,7 +59,9 @@ _API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("const char*", "purokit_fp8_config_name", ("int config",)),
     ("const char*", "purokit_fp8_config_kind", ("int config",)),
     ("const char*", "purokit_fp8_status_string", ("int status",)),
-    ("int", "purokit_fp8_workspace_size", ("int config", "int m", "int n", "int k", "size_t* out")),
+    ("int", "purokit_fp8_workspace_size", (
+        "int config", "int m", "int n", "int k", "int raster", "int swizzle", "size_t* out",
+    )),
     ("int", "purokit_fp8_act_weight", (
         "int config", "const void* a", "const void* b", "const float* sa", "const float* sb", "void* d",
         "int m", "int n", "int k", "int raster", "int swizzle", "void* workspace", "size_t workspace_size",
@@ -223,14 +225,16 @@ def _require(a: torch.Tensor, tensors) -> Library:
     return lib
 
 
-_WORKSPACE: dict[tuple[int, int, int, int], int] = {}
+_WORKSPACE: dict[tuple[int, ...], int] = {}
 
 
-def _workspace(lib: Library, index: int, m: int, n: int, k: int, device) -> tuple[torch.Tensor | None, int]:
-    key = (index, m, n, k)
+def _workspace(lib: Library, index: int, m: int, n: int, k: int, raster: int, swizzle: int,
+               device) -> tuple[torch.Tensor | None, int]:
+    """A workspace for one call (none for most configs; stream-K keeps partial tiles in it)."""
+    key = (index, m, n, k, raster, swizzle)
     if key not in _WORKSPACE:
         size = ctypes.c_size_t(0)
-        status = lib.dll.purokit_fp8_workspace_size(index, m, n, k, ctypes.byref(size))
+        status = lib.dll.purokit_fp8_workspace_size(index, m, n, k, raster, swizzle, ctypes.byref(size))
         if status:
             raise RuntimeError(f"cutlass fp8 workspace size for (M, N, K) = ({m}, {n}, {k}): {lib.status(status)}")
         _WORKSPACE[key] = size.value
@@ -269,7 +273,7 @@ def _act_weight_op(
     a, b, sa, sb = _rowmajor(a), _rowmajor(b), colmajor(sa), _rowmajor(sb)
     d = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     with torch.cuda.device(a.device):
-        ws, ws_size = _workspace(lib, index, m, n, k, a.device)
+        ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
         status = lib.dll.purokit_fp8_act_weight(
             index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(d), m, n, k, raster, swizzle,
             _ptr(ws), ws_size, torch.cuda.current_stream(a.device).cuda_stream,
@@ -289,7 +293,7 @@ def _act_act_call(a, b, sa, sb, c, d, beta, kind, config, raster, swizzle) -> No
     index = _config_index(lib, kind, config)
     a, b, sa, sb = _rowmajor(a), _rowmajor(b), colmajor(sa), colmajor(sb)
     with torch.cuda.device(a.device):
-        ws, ws_size = _workspace(lib, index, m, n, k, a.device)
+        ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
         status = lib.dll.purokit_fp8_act_act(
             index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(c), _ptr(d), beta, m, n, k, raster, swizzle,
             _ptr(ws), ws_size, torch.cuda.current_stream(a.device).cuda_stream,
@@ -302,9 +306,9 @@ def _act_act_op(
     a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, out_dtype: torch.dtype,
     raster: int, swizzle: int,
 ) -> torch.Tensor:
-    kind = "act_act" if out_dtype == torch.float32 else "act_act_bf16"
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"cutlass fp8 act_act: out_dtype must be float32 or bfloat16, got {out_dtype}")
+    kind = "act_act" if out_dtype == torch.float32 else "act_act_bf16"
     d = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
     _act_act_call(a, b, sa, sb, None, d, 0.0, kind, config, raster, swizzle)
     return d

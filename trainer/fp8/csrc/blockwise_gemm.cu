@@ -49,7 +49,7 @@
 // with purokit_fp8_abi() (the same table, stringified here) when it loads the library.
 // ------------------------------------------------------------------------------------------------
 
-#define PUROKIT_FP8_ABI_VERSION 1
+#define PUROKIT_FP8_ABI_VERSION 2
 
 #define PUROKIT_FP8_API(X)                                                                          \
   X(int, purokit_fp8_abi_version, (void))                                                           \
@@ -58,7 +58,8 @@
   X(const char*, purokit_fp8_config_name, (int config))                                             \
   X(const char*, purokit_fp8_config_kind, (int config))                                             \
   X(const char*, purokit_fp8_status_string, (int status))                                           \
-  X(int, purokit_fp8_workspace_size, (int config, int m, int n, int k, size_t* out))                \
+  X(int, purokit_fp8_workspace_size,                                                                \
+    (int config, int m, int n, int k, int raster, int swizzle, size_t* out))                        \
   X(int, purokit_fp8_act_weight,                                                                    \
     (int config, const void* a, const void* b, const float* sa, const float* sb, void* d, int m,   \
      int n, int k, int raster, int swizzle, void* workspace, size_t workspace_size,                 \
@@ -75,21 +76,29 @@
 #define PUROKIT_FP8_CUDA_ERROR 103   // a CUDA runtime error (launch, attribute), see cudaGetLastError
 #define PUROKIT_FP8_EXCEPTION 104    // a C++ exception inside CUTLASS's host code
 #define PUROKIT_FP8_BAD_ARGUMENT 105 // null pointer, C with a bf16 output, bad raster/swizzle
+#define PUROKIT_FP8_MISALIGNED 106   // an operand, scale or output address not 16-byte aligned
 
-// The config table: index, kind, name, mainloop schedule, tile M/N/K, cluster M/N.
+// The config table: index, kind, name, mainloop schedule, tile M/N/K, cluster M/N, tile scheduler.
 // Schedules: Coop = two consumer warpgroups sharing one tile (each owns half its rows);
 // Pingpong = two consumer warpgroups on alternate tiles, so one's promotion FMAs and epilogue
 // overlap the other's WGMMAs. The blockwise mainloop takes tile M 128 or 256 and K = 128.
+// Tile schedulers: Persistent (data-parallel tiles, CTA swizzle) or StreamK (cooperative only:
+// splits the long K of Wgrad over CTAs where the tile count leaves SMs idle in the last wave).
+// A cluster of 2 along M multicasts the B tile (the weight, or x^T in Wgrad) to both CTAs.
 // Kinds: 0 act_weight (bf16 out), 1 act_act (fp32 out, + beta C), 2 act_act_bf16.
-#define PUROKIT_FP8_CONFIGS(X)                                        \
-  X(0, 0, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1)             \
-  X(1, 0, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1)             \
-  X(2, 0, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1)     \
-  X(3, 0, "coop_128x256_c1x1", Coop, 128, 256, 128, 1, 1)             \
-  X(4, 1, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1)             \
-  X(5, 1, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1)             \
-  X(6, 1, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1)     \
-  X(7, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1)
+#define PUROKIT_FP8_CONFIGS(X)                                                              \
+  X(0, 0, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                       \
+  X(1, 0, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                       \
+  X(2, 0, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1, Persistent)               \
+  X(3, 0, "coop_128x256_c1x1", Coop, 128, 256, 128, 1, 1, Persistent)                       \
+  X(4, 0, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                       \
+  X(5, 1, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                       \
+  X(6, 1, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                       \
+  X(7, 1, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1, Persistent)               \
+  X(8, 1, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                       \
+  X(9, 1, "coop_128x128_c1x1_streamk", Coop, 128, 128, 128, 1, 1, StreamK)                  \
+  X(10, 1, "coop_256x128_c2x1_streamk", Coop, 256, 128, 128, 2, 1, StreamK)                 \
+  X(11, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)
 
 namespace purokit_fp8 {
 
@@ -123,6 +132,9 @@ struct Pingpong {
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
 };
 
+using Persistent = cutlass::gemm::PersistentScheduler;
+using StreamK = cutlass::gemm::StreamKScheduler;
+
 // Kind traits: B-scale granularity along N and its major mode, C and D element types.
 template <int Kind> struct KindTraits;
 template <> struct KindTraits<0> {  // act_weight
@@ -144,7 +156,15 @@ template <> struct KindTraits<2> {  // act_act, bf16 out
   using ElementD = cutlass::bfloat16_t;
 };
 
-template <int Kind, class Schedule, int TM, int TN, int TK, int CM, int CN>
+// The SM count of a device, queried once (the persistent schedulers size their grids by it).
+inline int sm_count(int device) {
+  static int counts[64] = {};
+  if (device < 0 || device >= 64) return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  if (counts[device] <= 0) counts[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  return counts[device];
+}
+
+template <int Kind, class Schedule, int TM, int TN, int TK, int CM, int CN, class TileScheduler>
 struct BlockwiseGemm {
   using KT = KindTraits<Kind>;
   using ElementA = cutlass::float_e4m3_t;
@@ -179,8 +199,8 @@ struct BlockwiseGemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Schedule::Mainloop>::CollectiveOp;
 
-  using GemmKernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static int run(Problem const& p) {
@@ -217,7 +237,8 @@ struct BlockwiseGemm {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return PUROKIT_FP8_CUDA_ERROR;
     args.hw_info.device_id = device;
-    args.hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    args.hw_info.sm_count = sm_count(device);
+    if (args.hw_info.sm_count <= 0) return PUROKIT_FP8_CUDA_ERROR;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
     args.scheduler.max_swizzle_size = p.swizzle;
 
@@ -240,20 +261,20 @@ struct BlockwiseGemm {
 
 using RunFn = int (*)(Problem const&);
 
-#define PUROKIT_FP8_DECLARE(id, kind, name, sched, tm, tn, tk, cm, cn) int run_config_##id(Problem const& p);
+#define PUROKIT_FP8_DECLARE(id, kind, name, sched, tm, tn, tk, cm, cn, tile) int run_config_##id(Problem const& p);
 PUROKIT_FP8_CONFIGS(PUROKIT_FP8_DECLARE)
 #undef PUROKIT_FP8_DECLARE
 
 // Each config's kernel type, by index (naming the type instantiates nothing).
 template <int Id> struct Config;
-#define PUROKIT_FP8_TYPE(id, kind, name, sched, tm, tn, tk, cm, cn) \
-  template <> struct Config<id> { using Gemm = BlockwiseGemm<kind, sched, tm, tn, tk, cm, cn>; };
+#define PUROKIT_FP8_TYPE(id, kind, name, sched, tm, tn, tk, cm, cn, tile) \
+  template <> struct Config<id> { using Gemm = BlockwiseGemm<kind, sched, tm, tn, tk, cm, cn, tile>; };
 PUROKIT_FP8_CONFIGS(PUROKIT_FP8_TYPE)
 #undef PUROKIT_FP8_TYPE
 
 // The definitions: every config in one object, or only the one this object was compiled for.
 #if !defined(PUROKIT_FP8_CONFIG)
-#define PUROKIT_FP8_DEFINE(id, kind, name, sched, tm, tn, tk, cm, cn) \
+#define PUROKIT_FP8_DEFINE(id, kind, name, sched, tm, tn, tk, cm, cn, tile) \
   int run_config_##id(Problem const& p) { return Config<id>::Gemm::run(p); }
 PUROKIT_FP8_CONFIGS(PUROKIT_FP8_DEFINE)
 #undef PUROKIT_FP8_DEFINE
@@ -285,7 +306,7 @@ struct ConfigEntry {
   RunFn run;
 };
 
-#define PUROKIT_FP8_ENTRY(id, kind, name, sched, tm, tn, tk, cm, cn) {kind, name, &run_config_##id},
+#define PUROKIT_FP8_ENTRY(id, kind, name, sched, tm, tn, tk, cm, cn, tile) {kind, name, &run_config_##id},
 constexpr ConfigEntry kConfigs[] = {PUROKIT_FP8_CONFIGS(PUROKIT_FP8_ENTRY)};
 #undef PUROKIT_FP8_ENTRY
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
@@ -303,6 +324,8 @@ int guarded_run(int config, Problem const& p) {
   }
 }
 
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
 int check_common(int config, int want_kind_lo, int want_kind_hi, Problem const& p) {
   if (config < 0 || config >= kConfigCount) return PUROKIT_FP8_BAD_CONFIG;
   int kind = kConfigs[config].kind;
@@ -310,6 +333,11 @@ int check_common(int config, int want_kind_lo, int want_kind_hi, Problem const& 
   if (!shape_ok(p.m, p.n, p.k)) return PUROKIT_FP8_BAD_SHAPE;
   if (p.a == nullptr || p.b == nullptr || p.sa == nullptr || p.sb == nullptr || p.d == nullptr)
     return PUROKIT_FP8_BAD_ARGUMENT;
+  // TMA reads and writes 16-byte aligned addresses; a misaligned one would make a bad descriptor
+  // (CUTLASS only asserts, and NDEBUG removes that), so it is refused here
+  if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.sa) || !aligned16(p.sb) || !aligned16(p.d) ||
+      (p.c != nullptr && !aligned16(p.c)))
+    return PUROKIT_FP8_MISALIGNED;
   if (p.raster < 0 || p.raster > 2 || p.swizzle < 1 || p.swizzle > 8) return PUROKIT_FP8_BAD_ARGUMENT;
   if (kind == 2 && p.c != nullptr) return PUROKIT_FP8_BAD_ARGUMENT;
   return 0;
@@ -346,6 +374,7 @@ extern "C" const char* purokit_fp8_status_string(int status) {
     case PUROKIT_FP8_CUDA_ERROR: return "CUDA runtime error (launch or device query)";
     case PUROKIT_FP8_EXCEPTION: return "C++ exception in CUTLASS host code";
     case PUROKIT_FP8_BAD_ARGUMENT: return "null operand, C given for a bf16 output, or raster/swizzle out of range";
+    case PUROKIT_FP8_MISALIGNED: return "an operand, scale or output address is not 16-byte aligned (TMA)";
     default:
       if (status > 0 && status <= static_cast<int>(cutlass::Status::kInvalid))
         return cutlassGetStatusString(static_cast<cutlass::Status>(status));
@@ -353,14 +382,14 @@ extern "C" const char* purokit_fp8_status_string(int status) {
   }
 }
 
-extern "C" int purokit_fp8_workspace_size(int config, int m, int n, int k, size_t* out) {
-  if (out == nullptr) return PUROKIT_FP8_BAD_ARGUMENT;
+extern "C" int purokit_fp8_workspace_size(int config, int m, int n, int k, int raster, int swizzle, size_t* out) {
+  if (out == nullptr || raster < 0 || raster > 2 || swizzle < 1 || swizzle > 8) return PUROKIT_FP8_BAD_ARGUMENT;
   if (config < 0 || config >= purokit_fp8::kConfigCount) return PUROKIT_FP8_BAD_CONFIG;
   if (!purokit_fp8::shape_ok(m, n, k)) return PUROKIT_FP8_BAD_SHAPE;
   // any non-null pointers: only the problem shape enters the size (aligned dummies pass can_implement)
   alignas(256) static unsigned char dummy[256];
   purokit_fp8::Problem p{m, n, k, dummy, dummy, reinterpret_cast<const float*>(dummy),
-                         reinterpret_cast<const float*>(dummy), nullptr, dummy, 0.f, 0, 1, nullptr, 0, nullptr, out};
+                         reinterpret_cast<const float*>(dummy), nullptr, dummy, 0.f, raster, swizzle, nullptr, 0, nullptr, out};
   return purokit_fp8::guarded_run(config, p);
 }
 

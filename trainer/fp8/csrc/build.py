@@ -35,6 +35,8 @@ FLAGS = (
     "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG",
     "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
 )
+# register and spill counts of each kernel in its object's .log (not part of the cache key: no effect on code)
+DIAGNOSTICS = ("-Xptxas", "-v")
 _CONFIG_ROW = re.compile(r"^\s*X\((\d+),\s*(\d+),\s*\"([^\"]+)\"[^)]*\)", re.M)
 _TABLE = re.compile(r"#define PUROKIT_FP8_CONFIGS\(X\)(?:.*\\\n)*.*\n")
 
@@ -101,7 +103,7 @@ def cutlass_version(root: Path) -> str:
 
 def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path) -> tuple[int, float]:
     cmd = [
-        nvcc, *FLAGS,
+        nvcc, *FLAGS, *DIAGNOSTICS,
         f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools/util/include'}",
         f"-DPUROKIT_FP8_CONFIG={config}", "-c", str(SOURCE), "-o", str(obj) + ".tmp",
     ]
@@ -146,7 +148,9 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
                 failed.append(obj.with_suffix(".log"))
     if failed:
         raise RuntimeError("compilation failed, see " + ", ".join(map(str, failed)))
-    if only is not None:
+    if only is None:
+        _prune(objdir, objects)
+    else:
         # configs left out still need their symbols: link a stub object answering "no such config"
         objects.append(_stubs(out, nvcc_path, [i for i, _ in rows if i not in only]))
     lib = out / LIB_NAME
@@ -155,6 +159,14 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
     os.replace(tmp, lib)
     print(f"fp8 gemm build: wrote {lib} ({lib.stat().st_size / 2**20:.1f} MiB)", flush=True)
     return lib
+
+
+def _prune(objdir: Path, keep: list[Path]) -> None:
+    """Drop cached objects and logs no current config uses (older keys, interrupted compiles)."""
+    names = {p.name for p in keep} | {p.with_suffix(".log").name for p in keep}
+    for path in objdir.glob("cfg*"):
+        if path.name not in names:
+            path.unlink()
 
 
 def _stubs(out: Path, nvcc_path: str, missing: list[int]) -> Path:
