@@ -522,22 +522,42 @@ def test_fused_fp8_swiglu_mlp_equals_the_linears_one_by_one():
 
 
 def test_gemm_table_lookup_exact_then_nearest_token_count_then_none():
-    """The per-shape GEMM choice: the measured shape, else the same (N, K) at the nearest M, else none
-    (cuBLAS); a recipe that asks for cuBLAS never consults the table."""
+    """The per-shape GEMM choice: the measured shape, else the same weight shape at the nearest token
+    count (M of Fprop, K of Wgrad), else none (cuBLAS); a recipe that asks for cuBLAS never consults it."""
     from trainer.fp8.gemm import CUBLAS, GemmChoice, choose_gemm, table_entry
 
-    table = {"GPU X": {"fprop": {
-        "32768x4096x2048": {"library": "cutlass", "config": "pingpong_64x256"},
-        "8192x4096x2048": {"library": "cublas"},
-        "32768x2048x2048": {"library": "cutlass", "config": "coop_128x128", "raster": "n", "swizzle": 2},
-    }}}
+    table = {"GPU X": {
+        "fprop": {
+            "32768x4096x2048": {"library": "cutlass", "config": "pingpong_64x256"},
+            "8192x4096x2048": {"library": "cublas"},
+            "32768x2048x2048": {"library": "cutlass", "config": "coop_128x128", "raster": "n", "swizzle": 2},
+        },
+        "wgrad": {"4096x2048x32768": {"library": "cutlass", "config": "coop_256x128"}},
+    }}
     assert table_entry("GPU X", "fprop", 32768, 4096, 2048, table) == GemmChoice("cutlass", "pingpong_64x256")
     assert table_entry("GPU X", "fprop", 16384, 2048, 2048, table) == GemmChoice("cutlass", "coop_128x128", "n", 2)
     assert table_entry("GPU X", "fprop", 4096, 4096, 2048, table) == CUBLAS          # nearest M: 8192
+    assert table_entry("GPU X", "wgrad", 4096, 2048, 16384, table) == GemmChoice("cutlass", "coop_256x128")
+    assert table_entry("GPU X", "wgrad", 2048, 2048, 32768, table) is None
     assert table_entry("GPU X", "fprop", 32768, 4096, 1024, table) is None
     assert table_entry("GPU X", "dgrad", 32768, 4096, 2048, table) is None
     assert table_entry("GPU Y", "fprop", 32768, 4096, 2048, table) is None
     assert choose_gemm("fprop", 32768, 4096, 2048, "cublas", torch.device("cpu")) == CUBLAS
+
+
+def test_the_committed_gemm_table_names_known_libraries_and_shapes():
+    from trainer.fp8.gemm import GEMM_TABLE, GemmChoice
+
+    import json
+
+    devices = json.loads(GEMM_TABLE.read_text())["devices"]
+    assert devices
+    for roles in devices.values():
+        assert set(roles) <= {"fprop", "dgrad", "wgrad"}
+        for rows in roles.values():
+            for shape, choice in rows.items():
+                assert all(int(d) % 128 == 0 for d in shape.split("x")), shape
+                assert GemmChoice(**choice).library in ("cublas", "cutlass")
 
 
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():

@@ -131,8 +131,9 @@ _BW128x128 = getattr(getattr(F, "ScalingType", None), "BlockWise128x128", None)
 # ----------------------------------------------------------------------------------------------
 
 GEMM_TABLE = Path(__file__).with_name("gemm_table.json")
-"""Per device name, GEMM role (fprop / dgrad / wgrad) and shape "MxNxK": the fastest library and CUTLASS
-config measured by ``benchmarks/fp8_cutlass.py --write-table`` (its command and date are in the file)."""
+"""Per device name, GEMM role (fprop / dgrad / wgrad) and kernel shape "MxNxK" (Wgrad: out-features x
+in-features x tokens): the library, and CUTLASS config, measured fastest by ``benchmarks/fp8_cutlass.py
+--write-table`` (its command, date and rule are in the file)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,15 +153,23 @@ def _table(path: Path = GEMM_TABLE) -> dict:
     return json.loads(path.read_text()).get("devices", {}) if path.exists() else {}
 
 
+_TOKEN_DIM = {"fprop": 0, "dgrad": 0, "wgrad": 2}   # which of M, N, K counts the tokens
+
+
 def table_entry(device_name: str, role: str, m: int, n: int, k: int, table: dict | None = None) -> GemmChoice | None:
     """The measured choice for this role and shape on ``device_name``: the exact shape, else the same
-    (N, K) measured at the nearest token count M, else None."""
+    weight shape measured at the nearest token count (M of Fprop/Dgrad, K of Wgrad), else None."""
     rows = (table if table is not None else _table()).get(device_name, {}).get(role, {})
     hit = rows.get(f"{m}x{n}x{k}")
     if hit is None:
-        same_nk = [(abs(math.log2(int(key.split("x")[0]) / m)), v) for key, v in rows.items()
-                   if key.split("x")[1:] == [str(n), str(k)]]
-        hit = min(same_nk, key=lambda t: t[0])[1] if same_nk else None
+        t = _TOKEN_DIM[role]
+        want = (m, n, k)
+        near = []
+        for key, v in rows.items():
+            dims = tuple(int(d) for d in key.split("x"))
+            if all(dims[i] == want[i] for i in range(3) if i != t):
+                near.append((abs(math.log2(dims[t] / want[t])), v))
+        hit = min(near, key=lambda pair: pair[0])[1] if near else None
     return None if hit is None else GemmChoice(**hit)
 
 

@@ -65,8 +65,9 @@ if triton is not None:
     # Each kernel below quantizes one 128 x 128 tile of its output in two passes: the row copy in bands of
     # PART rows (each row's 1x128 group whole), then the transposed copy in bands of PART columns (each
     # column's 128-token group whole), loading (or computing) the band it needs each time; the second
-    # pass re-reads the tile from L2. A whole float32 tile held for both passes took all 255 registers a
-    # thread at 8 warps (one program per SM); bands of 16 take 80 (ptxas -v; benchmarks/RESULTS.md).
+    # pass re-reads the tile from L2. Narrow bands need fewer registers (ptxas -v at 8 warps: 255 a thread
+    # for the whole tile in one pass, 64 for bands of 16), but on the H200 more programs per SM did not make
+    # the kernels faster (benchmarks/RESULTS.md): LAUNCH holds the measured fastest.
 
     @triton.jit
     def _store_rows(x, rm, rk, kb, M, K, q_ptr, s_ptr, POW2: tl.constexpr):
@@ -220,8 +221,9 @@ def _act_outputs(x: torch.Tensor, m: int, k: int, write_row: bool, write_t: bool
     return q, s_store, qt, st_store
 
 
-# (rows or columns a band, warps) of the three activation kernels (benchmarks/fp8_gemm.py --quant-sweep)
-LAUNCH = {"act": (16, 8), "swiglu": (16, 8), "swiglu_bwd": (16, 8)}
+# (rows or columns a band, warps) of the three activation kernels, the fastest of benchmarks/fp8_gemm.py
+# --quant-sweep on the H200 (M = 32,768; benchmarks/RESULTS.md)
+LAUNCH = {"act": (128, 8), "swiglu": (128, 8), "swiglu_bwd": (32, 8)}
 
 
 def _grid(m: int, k: int) -> tuple[int, int]:
