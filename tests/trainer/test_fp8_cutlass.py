@@ -61,6 +61,11 @@ def test_object_keys_change_only_for_the_changed_row():
     added = SOURCE.replace(rows[-1][1], rows[-1][1] + ' \\\n  X(99, 0, "x", Coop, 128, 128, 128, 1, 1, Persistent)')
     assert [build.object_key(added, i, r, "nvcc", "4.7.0") for i, r in rows] == keys
     assert build.object_key(added, -1, "", "nvcc", "4.7.0") != build.object_key(SOURCE, -1, "", "nvcc", "4.7.0")
+    # a whole-line comment changes no object; anything on a line of code does (conservative)
+    commented = SOURCE.replace("namespace purokit_fp8 {", "// a note\nnamespace purokit_fp8 {", 1)
+    assert build.object_key(commented, 0, rows[0][1], "nvcc", "4.7.0") == keys[0]
+    trailing = SOURCE.replace("constexpr int kGroup = 128;", "constexpr int kGroup = 128;  // x", 1)
+    assert build.object_key(trailing, 0, rows[0][1], "nvcc", "4.7.0") != keys[0]
 
 
 def test_build_names_what_is_missing(tmp_path, monkeypatch):

@@ -84,7 +84,8 @@
 // overlap the other's WGMMAs. The blockwise mainloop takes tile M 128 or 256 and K = 128.
 // Tile schedulers: Persistent (data-parallel tiles, CTA swizzle) or StreamK (cooperative only:
 // splits the long K of Wgrad over CTAs where the tile count leaves SMs idle in the last wave).
-// A cluster of 2 along M multicasts the B tile (the weight, or x^T in Wgrad) to both CTAs.
+// A cluster of 2 along M multicasts the B tile (the weight, or x^T in Wgrad) to both CTAs, one of
+// 2 along N the A tile (the activations, or dy^T).
 // Kinds: 0 act_weight (bf16 out), 1 act_act (fp32 out, + beta C), 2 act_act_bf16.
 #define PUROKIT_FP8_CONFIGS(X)                                                              \
   X(0, 0, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                       \
@@ -98,7 +99,10 @@
   X(8, 1, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                       \
   X(9, 1, "coop_128x128_c1x1_streamk", Coop, 128, 128, 128, 1, 1, StreamK)                  \
   X(10, 1, "coop_256x128_c2x1_streamk", Coop, 256, 128, 128, 2, 1, StreamK)                 \
-  X(11, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)
+  X(11, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                      \
+  X(12, 0, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                      \
+  X(13, 0, "coop_256x128_c1x2", Coop, 256, 128, 128, 1, 2, Persistent)                      \
+  X(14, 1, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)
 
 namespace purokit_fp8 {
 

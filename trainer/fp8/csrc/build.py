@@ -52,11 +52,16 @@ def config_rows(source: str) -> list[tuple[int, str]]:
     return rows
 
 
+_COMMENT_LINE = re.compile(r"^[ \t]*//.*\n", re.M)
+
+
 def object_key(source: str, config: int, row: str, nvcc_version: str, cutlass_version: str) -> str:
     """A config's object depends on the source outside the table, its own row and the tools: adding
-    a row to the table rebuilds only that row's object (and the API object, which holds the table)."""
+    a row to the table rebuilds only that row's object (and the API object, which holds the table),
+    and editing a whole-line comment rebuilds nothing."""
     table = _TABLE.search(source)
     rest = source[: table.start()] + source[table.end():] if table else source
+    rest = _COMMENT_LINE.sub("", rest)
     h = hashlib.sha256()
     for part in (rest, row if config >= 0 else table.group(0), nvcc_version, cutlass_version, " ".join(FLAGS)):
         h.update(part.encode())
