@@ -9,6 +9,7 @@ the library or an sm_90 GPU is absent): every config of every kind against the e
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 
 import pytest
@@ -176,6 +177,7 @@ def _relerr(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+@functools.lru_cache(maxsize=1)  # the configs of one shape run one after another: quantize once
 def _operands(m, k, n, seed=0):
     """FP8 x (M, K) per 1x128, w (N, K) per 128x128, dy (M, N) per 1x128, and the token-quantized
     transposes, with magnitudes spread over binades so a misplaced scale shows."""
