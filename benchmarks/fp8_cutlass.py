@@ -8,8 +8,11 @@ order, then the two fastest configs of each GEMM over rasterization x swizzle. I
 accumulating into an fp32 gradient (the library's ``out=`` against cuBLAS + ``add_``). Each result is
 checked against cuBLAS's (relative error of the norm). TFLOP/s = 2MNK / median CUDA-event time.
 
-Run on the GPU:  python benchmarks/fp8_cutlass.py --out $OUT   (needs .gpu_build/libpurokit_fp8_gemm.so)
-Writes fp8_cutlass.json and fp8_cutlass.md under --out; ``run(out)`` does the same from Python.
+Run on the GPU:  python benchmarks/fp8_cutlass.py --out $OUT [--write-table]   (needs .gpu_build/libpurokit_fp8_gemm.so)
+Writes fp8_cutlass.json and fp8_cutlass.md under --out; ``run(out)`` does the same from Python. With
+``--write-table`` also ``$OUT/gemm_table.json``: per shape, CUTLASS where its best config is >= 1.02x
+cuBLAS and agrees with it (relative error < 1e-2), else cuBLAS — the table ``trainer.fp8.gemm`` reads
+(``trainer/fp8/gemm_table.json``); rows of other devices already in the file are kept.
 """
 
 from __future__ import annotations
@@ -142,6 +145,43 @@ def best_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+TABLE_MARGIN = 1.02  # CUTLASS only where its best config beats cuBLAS by this much at that shape
+TABLE_MAX_RELERR = 1e-2
+
+
+def gemm_table(record: dict, margin: float = TABLE_MARGIN, max_relerr: float = TABLE_MAX_RELERR) -> dict:
+    """The per-shape library choice ``trainer/fp8/gemm_table.json`` holds (read by
+    ``gemm.table_entry``), for this record's device: role -> "MxNxK" -> cuBLAS, or the CUTLASS config
+    (with its rasterization and swizzle) where it is ``margin`` x faster and agrees with cuBLAS."""
+    roles: dict[str, dict] = {}
+    for b in record["best"]:
+        relerr = b.get("relerr_vs_cublas")
+        if b["speedup"] >= margin and relerr is not None and relerr < max_relerr:
+            choice = {"library": "cutlass", "config": b["config"], "raster": b["raster"], "swizzle": int(b["swizzle"])}
+        else:
+            choice = {"library": "cublas"}
+        roles.setdefault(b["gemm"], {})[f"{b['M']}x{b['N']}x{b['K']}"] = choice
+    return {
+        "measured": record["device"]["date_utc"],
+        "command": "python3 benchmarks/fp8_cutlass.py --out $OUT --write-table",
+        "rule": f"CUTLASS where its best config is >= {margin}x cuBLAS at that shape",
+        "devices": {record["device"]["gpu"]: roles},
+    }
+
+
+def write_table(record: dict, path: Path) -> dict:
+    """Write (or update: other devices' rows are kept) the GEMM table at ``path``; return it."""
+    table = gemm_table(record)
+    if path.exists():
+        devices = json.loads(path.read_text()).get("devices", {})
+        table["devices"] = {**devices, **table["devices"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
+    tmp.replace(path)
+    return table
+
+
 def markdown(info: dict, best: list[dict], rows: list[dict], accumulate: list[dict]) -> str:
     lines = [
         f"GPU {info['gpu']} (sm{info['capability']}), torch {info['torch']}, CUDA {info['cuda']}, "
@@ -209,9 +249,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--m", type=int, default=32768, help="tokens (M of Fprop/Dgrad, K of Wgrad)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the rasterization x swizzle sweep")
+    ap.add_argument("--write-table", nargs="?", const="", metavar="PATH",
+                    help="also write the per-shape GEMM table trainer.fp8.gemm reads (PATH default: "
+                    f"OUT/gemm_table.json; it belongs at {gemm.GEMM_TABLE.relative_to(REPO)})")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    run(args.out, args.m, sweep=not args.no_sweep)
+    record = run(args.out, args.m, sweep=not args.no_sweep)
+    if args.write_table is not None:
+        path = Path(args.write_table) if args.write_table else Path(args.out) / "gemm_table.json"
+        print(json.dumps(write_table(record, path), indent=1))
 
 
 if __name__ == "__main__":

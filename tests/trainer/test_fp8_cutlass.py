@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import re
 
 import pytest
 import torch
 
+from benchmarks import fp8_cutlass
 from trainer.fp8 import cutlass_gemm as cg
+from trainer.fp8 import gemm
 from trainer.fp8 import quantize_1x128, quantize_128x128
 from trainer.fp8.csrc import build
 from trainer.fp8.gemm import _probe_operands, emulated_dgrad, emulated_fprop, emulated_wgrad
@@ -128,6 +131,55 @@ def test_argument_checks_name_the_shape():
         cg.fprop(a, sa, b, sb_block)
     with pytest.raises(ValueError, match="must be positive multiples of 128"):
         cg.wgrad(_fp8(m, 100), torch.ones(m, 1), _fp8(n, 100), torch.ones(n, 1))
+
+
+def _best(gemm_role, mnk, speedup, relerr, config="coop_256x128_c2x1"):
+    m, n, k = mnk
+    return {"layer": "x", "gemm": gemm_role, "M": m, "N": n, "K": k, "cublas_tflops": 1000.0,
+            "cutlass_tflops": 1000.0 * speedup, "speedup": speedup, "config": config, "raster": "n",
+            "swizzle": 8, "relerr_vs_cublas": relerr}
+
+
+def test_gemm_table_takes_cutlass_only_where_faster_and_in_agreement(tmp_path):
+    record = {"device": {"gpu": "NVIDIA H200", "date_utc": "2026-12-01 19:59"}, "best": [
+        _best("fprop", (32768, 4096, 2048), 0.93, 0.0),
+        _best("fprop", (32768, 2048, 2048), 1.17, 0.0),
+        _best("dgrad", (32768, 2048, 2048), 1.01, 0.0),        # under the 1.02 margin
+        _best("wgrad", (2048, 2048, 32768), 1.20, 0.5),        # fast but disagrees with cuBLAS
+        _best("wgrad", (4096, 2048, 32768), 1.10, None),       # not checked
+        _best("wgrad", (2048, 6144, 32768), 1.09, 1e-3, "coop_128x128_c1x1_streamk"),
+    ]}
+    path = tmp_path / "gemm_table.json"
+    path.write_text(json.dumps({"devices": {"NVIDIA H100": {"fprop": {}}, "NVIDIA H200": {"stale": {}}}}))
+    table = fp8_cutlass.write_table(record, path)
+    assert json.loads(path.read_text()) == table
+    assert set(table["devices"]) == {"NVIDIA H100", "NVIDIA H200"} and "stale" not in table["devices"]["NVIDIA H200"]
+    assert table["measured"] == "2026-12-01 19:59" and "--write-table" in table["command"] and "1.02" in table["rule"]
+    rows = table["devices"]["NVIDIA H200"]
+    assert rows["fprop"] == {"32768x4096x2048": {"library": "cublas"},
+                             "32768x2048x2048": {"library": "cutlass", "config": "coop_256x128_c2x1",
+                                                 "raster": "n", "swizzle": 8}}
+    assert rows["dgrad"]["32768x2048x2048"] == {"library": "cublas"}
+    assert [v["library"] for v in rows["wgrad"].values()] == ["cublas", "cublas", "cutlass"]
+    # what trainer.fp8.gemm reads from it, at the measured token count and the nearest other one
+    want = gemm.GemmChoice("cutlass", "coop_256x128_c2x1", "n", 8)
+    assert gemm.table_entry("NVIDIA H200", "fprop", 32768, 2048, 2048, table["devices"]) == want
+    assert gemm.table_entry("NVIDIA H200", "fprop", 8192, 2048, 2048, table["devices"]) == want
+    assert gemm.table_entry("NVIDIA H200", "wgrad", 2048, 6144, 8192, table["devices"]).config == "coop_128x128_c1x1_streamk"
+    assert gemm.table_entry("NVIDIA H100", "fprop", 32768, 2048, 2048, table["devices"]) is None
+
+
+def test_the_committed_gemm_table_names_configs_the_source_builds():
+    names = {(cg.KINDS[int(kind)], name) for kind, name in
+             re.findall(r'X\(\d+,\s*(\d+),\s*"([^"]+)"', SOURCE)}
+    kind_of = {"fprop": "act_weight", "dgrad": "act_weight", "wgrad": "act_act"}
+    table = json.loads(gemm.GEMM_TABLE.read_text())
+    for device, roles in table["devices"].items():
+        for role, shapes in roles.items():
+            for shape, choice in shapes.items():
+                if choice["library"] == "cutlass":
+                    assert (kind_of[role], choice["config"]) in names, (device, role, shape, choice)
+                    assert choice["raster"] in cg.RASTER and choice["swizzle"] in (1, 2, 4, 8)
 
 
 @pytest.fixture()
