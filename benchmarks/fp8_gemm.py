@@ -12,7 +12,10 @@ and reports TFLOP/s (2MKN per GEMM, 6MKN per forward+backward) and the FP8/BF16 
 times the quantization kernels against a device-to-device copy (bandwidth ceiling).
 
 Run on the GPU:  python benchmarks/fp8_gemm.py --out $OUT
-Writes fp8_gemm.json and fp8_gemm.md under --out.
+Writes fp8_gemm.json and fp8_gemm.md under --out. ``--quant-sweep`` instead times the three activation
+kernels (``quant_act``, ``swiglu_quant``, ``swiglu_bwd_quant``) under each launch setting of
+``trainer.fp8.triton_kernels.LAUNCH``, each checked bit-identical, against Inductor's SwiGLU plus the
+separate quantizer (fp8_quant_sweep.json).
 """
 
 from __future__ import annotations

@@ -176,7 +176,10 @@ def test_the_committed_gemm_table_names_configs_the_source_builds():
     table = json.loads(gemm.GEMM_TABLE.read_text())
     for device, roles in table["devices"].items():
         for role, shapes in roles.items():
+            assert role in kind_of, (device, role)
             for shape, choice in shapes.items():
+                assert all(int(d) % 128 == 0 for d in shape.split("x")), (device, role, shape)
+                assert choice["library"] in ("cublas", "cutlass"), choice
                 if choice["library"] == "cutlass":
                     assert (kind_of[role], choice["config"]) in names, (device, role, shape, choice)
                     assert choice["raster"] in cg.RASTER and choice["swizzle"] in (1, 2, 4, 8)
