@@ -172,27 +172,21 @@ def _nearly_same_quantization(name, got, x, pow2):
 @needs_triton
 @pytest.mark.parametrize("m", [4096, 1000])
 @pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
-def test_triton_swiglu_quant_equals_float32_swiglu_then_quant(m, scale_format):
-    """The fused kernel quantizes h = silu(gate) * up computed in float32 from the BF16 gate-up output."""
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_triton_swiglu_quant_equals_float32_torch_then_quant(m, scale_format, direction):
+    """The fused kernels quantize what float32 torch computes from the BF16 gate-up output: h = silu(gate)
+    * up (forward), and its autograd d[gate | up] given dh (backward; rows-only gives the same row copy)."""
     f = 768
     gu = _spread(m, 2 * f, seed=m + 1)
-    gate, up = gu.float().chunk(2, dim=-1)
-    pow2 = scale_format == "pow2"
-    _nearly_same_quantization("swiglu", swiglu_quant(gu, pow2, True), F.silu(gate) * up, pow2)
-
-
-@needs_triton
-@pytest.mark.parametrize("m", [4096, 1000])
-@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
-def test_triton_swiglu_backward_quant_equals_float32_autograd_then_quant(m, scale_format):
-    """The fused backward quantizes the d[gate | up] that float32 autograd computes from the BF16 inputs."""
-    f = 768
-    gu = _spread(m, 2 * f, seed=m + 2)
-    dh = _spread(m, f, seed=m + 3)
     g32 = gu.float().requires_grad_()
     gate, up = g32.chunk(2, dim=-1)
-    (F.silu(gate) * up).backward(dh.float())
+    h = F.silu(gate) * up
     pow2 = scale_format == "pow2"
+    if direction == "forward":
+        _nearly_same_quantization("swiglu", swiglu_quant(gu, pow2, True), h.detach(), pow2)
+        return
+    dh = _spread(m, f, seed=m + 3)
+    h.backward(dh.float())
     got = swiglu_bwd_quant(gu, dh, pow2, True, True)
     _nearly_same_quantization("swiglu backward", got, g32.grad, pow2)
     rows_only = swiglu_bwd_quant(gu, dh, pow2, True, False)
