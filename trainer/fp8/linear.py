@@ -13,6 +13,11 @@ a BF16 output", and "its quantized input is retained for Wgrad". Here:
 
 Parameters are the same ``weight``/``bias`` objects as the ``nn.Linear`` it replaces, so state
 dicts, optimizers built before conversion, MuonH radii and HF export are unaffected.
+
+``Fp8Linear.forward_swiglu`` runs a whole SwiGLU MLP with this layer as its down projection
+(``_Fp8SwiGLUFn``): gate and up as one linear over their stacked weights, ``silu(gate) * up`` computed
+inside the quantization of the down projection's input and its backward inside the quantization of
+the gate-up output gradient, so neither exists in BF16.
 """
 
 from __future__ import annotations
@@ -225,13 +230,13 @@ def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, lib, out_dtype, n
     (hq, hs), (htq, hts) = _swiglu_quant(gu, fmt, quantizer, backend, transposed=need_dwd)
     w2q, w2s, w2tq = _quant_weight(w_down, fmt, quantizer, backend, transposed=need_dh)
     y = _fprop(hq, hs, w2q, w2s, backend, x2, out_dtype, lib)
-    on_cublas = backend == SCALED_MM
+    transposed_w = backend == SCALED_MM   # the CUDA Dgrad reads the row-major transposed FP8 weight
     saved = (
         gu if need_dh else None,
         xtq if need_dwgu else None, xts if need_dwgu else None,
-        (wtq if on_cublas else wq) if need_dx else None, ws if need_dx else None,
+        (wtq if transposed_w else wq) if need_dx else None, ws if need_dx else None,
         htq if need_dwd else None, hts if need_dwd else None,
-        (w2tq if on_cublas else w2q) if need_dh else None, w2s if need_dh else None,
+        (w2tq if transposed_w else w2q) if need_dh else None, w2s if need_dh else None,
     )
     return y, saved
 
