@@ -1,20 +1,23 @@
 """Triton quantization kernels for the CUDA path (Hopper), registered as torch custom ops.
 
-Two kernels, both bandwidth-bound, both computing scales exactly as :mod:`trainer.fp8.quantize`
-(bit-identical outputs for ``pow2``; the GPU tests check that):
+Four kernels, all bandwidth-bound, all computing scales as :mod:`trainer.fp8.quantize` does
+(``quant_act`` and ``quant_weight`` bit-identical to it; the GPU tests check that):
 
-- ``quant_act``: one program reads one 128x128 tile of a token-major activation or gradient
-  (M, K) once and writes (a) the row copy ``q`` (M, K) with one scale per 1x128 group along K
-  (Fprop's A operand, or Dgrad's A operand when the input is ``dy``), and (b) the transposed copy
-  ``qt`` (K, M_pad) with one scale per 1x128 group along the tokens (Wgrad's operands). Reading the
-  input once for both copies is the fusion that pays here: quantization is memory-bound, and the
-  transposed copy otherwise costs a second full read.
+- ``quant_act``: one program quantizes one 128x128 tile of a token-major activation or gradient
+  (M, K) into (a) the row copy ``q`` (M, K) with one scale per 1x128 group along K (Fprop's A operand,
+  or Dgrad's A operand when the input is ``dy``), and (b) the transposed copy ``qt`` (K, M_pad) with one
+  scale per 1x128 group along the tokens (Wgrad's operands). The tile comes from DRAM once for both
+  copies (the second pass reads it from L2): quantization is memory-bound, and the transposed copy
+  otherwise costs a second full read.
+- ``swiglu_quant`` / ``swiglu_bwd_quant``: the same, for ``h = silu(gate) * up`` computed from the
+  stacked gate-up output, and for ``d[gate | up]`` computed from it and ``dh`` (float32 with a fast
+  sigmoid, one rounding: neither ``h`` nor ``d[gate | up]`` is written in BF16).
 - ``quant_weight``: one program per 128x128 block of a weight (N, K) writes ``q`` (N, K) and its
   transpose ``qt`` (K, N) with the block's single scale (a square block's scale serves both).
 
-Scales are written straight into the column-major layouts that ``F.scaled_mm`` demands, so no
-transposing copy is launched afterwards. ``M_pad`` rounds the token count up to 128: rows past ``M``
-are zero in ``qt`` and contribute nothing to Wgrad.
+Scales are written straight into the column-major layouts that ``F.scaled_mm`` (and the CUTLASS
+kernels) take, so no transposing copy is launched afterwards. ``M_pad`` rounds the token count up to
+128: rows past ``M`` are zero in ``qt`` and contribute nothing to Wgrad.
 
 Triton is imported lazily, so this module imports (and the ops register) on CPU-only machines.
 """
