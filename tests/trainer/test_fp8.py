@@ -543,6 +543,10 @@ def test_gemm_table_lookup_exact_then_nearest_token_count_then_none():
     assert table_entry("GPU X", "dgrad", 32768, 4096, 2048, table) is None
     assert table_entry("GPU Y", "fprop", 32768, 4096, 2048, table) is None
     assert choose_gemm("fprop", 32768, 4096, 2048, "cublas", torch.device("cpu")) == CUBLAS
+    # no usable CUTLASS library here (no CUDA): auto falls back to cuBLAS, a forced cutlass says why
+    assert choose_gemm("fprop", 32768, 4096, 2048, "auto", torch.device("cpu")) == CUBLAS
+    with pytest.raises(RuntimeError, match="fp8 gemm 'cutlass' is not usable here"):
+        choose_gemm("wgrad", 2048, 2048, 32768, "cutlass", torch.device("cpu"))
 
 
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():
