@@ -172,7 +172,7 @@ def test_gemm_table_takes_cutlass_only_where_faster_and_in_agreement(tmp_path):
 def test_the_committed_gemm_table_names_configs_the_source_builds():
     names = {(cg.KINDS[int(kind)], name) for kind, name in
              re.findall(r'X\(\d+,\s*(\d+),\s*"([^"]+)"', SOURCE)}
-    kind_of = {"fprop": "act_weight", "dgrad": "act_weight", "wgrad": "act_act"}
+    kind_of = gemm.ROLE_KIND
     table = json.loads(gemm.GEMM_TABLE.read_text())
     for device, roles in table["devices"].items():
         for role, shapes in roles.items():

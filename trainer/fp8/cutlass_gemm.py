@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.fp8.gemm import colmajor
+from trainer.fp8.quantize import colmajor
 from trainer.fp8.recipe import GROUP
 
 LIB_ENV = "PUROKIT_FP8_GEMM_LIB"
@@ -254,10 +254,6 @@ def _fail(lib: Library, status: int, kind: str, config: str, m: int, n: int, k: 
         )
 
 
-def _rowmajor(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
 # ----------------------------------------------------------------------------------------------
 # Custom ops (opaque to torch.compile, shape-only fake implementations, as gemm.py's)
 # ----------------------------------------------------------------------------------------------
@@ -270,7 +266,7 @@ def _act_weight_op(
     m, n, k = check_operands("act_weight", a, b, sa, sb)
     lib = _require(a, (b, sa, sb))
     index = _config_index(lib, "act_weight", config)
-    a, b, sa, sb = _rowmajor(a), _rowmajor(b), colmajor(sa), _rowmajor(sb)
+    a, b, sa, sb = a.contiguous(), b.contiguous(), colmajor(sa), sb.contiguous()
     d = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     with torch.cuda.device(a.device):
         ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
@@ -291,7 +287,7 @@ def _act_act_call(a, b, sa, sb, c, d, beta, kind, config, raster, swizzle) -> No
     m, n, k = check_operands(kind, a, b, sa, sb)
     lib = _require(a, (b, sa, sb, d))
     index = _config_index(lib, kind, config)
-    a, b, sa, sb = _rowmajor(a), _rowmajor(b), colmajor(sa), colmajor(sb)
+    a, b, sa, sb = a.contiguous(), b.contiguous(), colmajor(sa), colmajor(sb)
     with torch.cuda.device(a.device):
         ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
         status = lib.dll.purokit_fp8_act_act(

@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trainer.fp8 import cutlass_gemm
 from trainer.fp8.quantize import (
+    colmajor,
     dequantize_1x128,
     dequantize_128x128,
     quantize_1x128,
@@ -100,18 +102,6 @@ def _round_up(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def colmajor(s: torch.Tensor) -> torch.Tensor:
-    """The same (rows, groups) scales as a column-major tensor (strides (1, rows))."""
-    rows, cols = s.shape
-    if s.stride(0) == 1 and (cols == 1 or s.stride(1) == rows):
-        return s
-    return s.t().contiguous().t()
-
-
-def _rowmajor(q: torch.Tensor) -> torch.Tensor:
-    return q if q.is_contiguous() else q.contiguous()
-
-
 def block_scale_operand(s: torch.Tensor, pad: bool) -> torch.Tensor:
     """128x128 scales of B given as (out_blocks, red_blocks) -> the (red_blocks[, padded], out_blocks)
     column-major operand of ``F.scaled_mm``."""
@@ -145,7 +135,8 @@ class GemmChoice:
 
 
 CUBLAS = GemmChoice("cublas")
-_DEFAULT_CUTLASS = {"fprop": "act_weight", "dgrad": "act_weight", "wgrad": "act_act"}
+ROLE_KIND = {"fprop": "act_weight", "dgrad": "act_weight", "wgrad": "act_act"}
+"""The CUTLASS kernel kind (``cutlass_gemm.KINDS``) that serves each GEMM role."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,8 +176,6 @@ def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.devic
     key = (device.index, role, m, n, k, lib)
     if key in _CHOICES:
         return _CHOICES[key]
-    from trainer.fp8 import cutlass_gemm  # imported here: cutlass_gemm imports this module
-
     ok, reason = cutlass_gemm.available(device)
     if not ok and lib == "cutlass":
         raise RuntimeError(f"fp8 gemm 'cutlass' is not usable here: {reason}")
@@ -194,7 +183,7 @@ def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.devic
     if ok:
         entry = table_entry(torch.cuda.get_device_name(device), role, m, n, k)
         if lib == "cutlass" and (entry is None or entry.library != "cutlass"):
-            entry = GemmChoice("cutlass", cutlass_gemm.configs(_DEFAULT_CUTLASS[role])[0])
+            entry = GemmChoice("cutlass", cutlass_gemm.configs(ROLE_KIND[role])[0])
         choice = entry or CUBLAS
     log.info("fp8: %s %dx%dx%d on %s%s", role, m, n, k, choice.library, f" ({choice.config})" if choice.config else "")
     _CHOICES[key] = choice
@@ -216,12 +205,10 @@ def _mm_act_weight(
     ``scale_b`` given as (N/128, R/128)."""
     choice = choose_gemm(role, a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass":
-        from trainer.fp8 import cutlass_gemm
-
         y = cutlass_gemm.act_weight(a, b, scale_a, scale_b, choice.config, choice.raster, choice.swizzle)
         return y if y.dtype == out_dtype else y.to(out_dtype)
     return F.scaled_mm(
-        _rowmajor(a), _rowmajor(b).t(),
+        a.contiguous(), b.contiguous().t(),
         colmajor(scale_a), _BW1x128,
         block_scale_operand(scale_b, pad_block_scales), _BW128x128,
         output_dtype=out_dtype,
@@ -242,13 +229,11 @@ def _mm_act_act(
     cuBLAS writes float32 only where the probe found it can (``cublas_fp32_out``; else BF16, cast)."""
     choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass" and out_dtype in (torch.float32, torch.bfloat16):
-        from trainer.fp8 import cutlass_gemm
-
         return cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out_dtype=out_dtype,
                                     raster=choice.raster, swizzle=choice.swizzle)
     want = torch.bfloat16 if (out_dtype == torch.float32 and not cublas_fp32_out) else out_dtype
     y = F.scaled_mm(
-        _rowmajor(a), _rowmajor(b).t(),
+        a.contiguous(), b.contiguous().t(),
         colmajor(scale_a), _BW1x128,
         colmajor(scale_b), _BW1x128,
         output_dtype=want,

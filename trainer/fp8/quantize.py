@@ -120,3 +120,11 @@ def dequantize_128x128(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
     expanded = s.float().repeat_interleave(GROUP, dim=0).repeat_interleave(GROUP, dim=1)[:n, :k]
     return q.float() * expanded
+
+
+def colmajor(s: torch.Tensor) -> torch.Tensor:
+    """The same (rows, groups) scales as a column-major tensor (strides (1, rows))."""
+    rows, cols = s.shape
+    if s.stride(0) == 1 and (cols == 1 or s.stride(1) == rows):
+        return s
+    return s.t().contiguous().t()
