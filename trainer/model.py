@@ -161,6 +161,17 @@ def sibling_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[to
     return forward_weight(x, weight, bias).split([m.out_features for m in linears], dim=-1)
 
 
+def weight_stacks(model: "Transformer") -> list[tuple[nn.Linear, ...]]:
+    """The weights each block GEMM of the forward computes with: a stack of siblings (q, k, v; gate, up), whose
+    first linear computes for all of them where `sibling_linears` stacks them, or one linear (o, down).
+    `trainer.fp8.step_weights` quantizes each once a step from this list."""
+    stacks: list[tuple[nn.Linear, ...]] = []
+    for block in model.model.layers:
+        attn, mlp = block.self_attn, block.mlp
+        stacks += [attn.qkv(), (attn.o_proj,), mlp.gate_up(), (mlp.down_proj,)]
+    return stacks
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -172,10 +183,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)     # QK-norm, per head
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
+    def qkv(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        """The sibling linears that read the normed input (one stacked GEMM where `sibling_linears` can)."""
+        return self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = sibling_linears(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = sibling_linears(x, self.qkv())
         q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)         # (B,H,T,Dh)
         k = self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)      # (B,K,T,Dh)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)                   # (B,K,T,Dh)
@@ -201,16 +216,20 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
+    def gate_up(self) -> tuple[nn.Linear, nn.Linear]:
+        return self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = self.gate_proj, self.up_proj, self.down_proj
         fused = getattr(down, "forward_swiglu", None)
         if fused is not None and type(gate) is type(down) and type(up) is type(down):
             # the down projection computes the whole MLP from the stacked gate-up weight
-            # (`trainer.fp8.Fp8Linear`: the SwiGLU product fused into its FP8 quantization)
-            y = fused(x, torch.cat([gate.weight, up.weight]))
+            # (`trainer.fp8.Fp8Linear`: the SwiGLU product fused into its FP8 quantization); the gate
+            # projection, first of the stack, holds what `weight_stacks` says it computes with
+            y = fused(x, torch.cat([gate.weight, up.weight]), gate)
             if y is not None:
                 return y
-        g, u = sibling_linears(x, (gate, up))
+        g, u = sibling_linears(x, self.gate_up())
         return down(F.silu(g) * u)
 
 

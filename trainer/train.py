@@ -48,7 +48,7 @@ from trainer.config import RunConfig
 from trainer.data import MicroBatch, SyntheticStream, TokenStream
 from trainer.flops import PEAKS, shape_from_config, throughput_report
 from trainer.loss import DEFAULT_CHUNK_TOKENS, chunk_loss_and_grads, linear_cross_entropy_sum
-from trainer.model import ModelConfig, Transformer, build_model, count_params
+from trainer.model import ModelConfig, Transformer, build_model, count_params, weight_stacks
 from trainer.optim import build_optimizer
 from trainer.schedules import lr_at, resolve_schedule
 
@@ -570,12 +570,20 @@ class Stepper:
         dtype = compute_dtype(precision)
         self.copies = (ComputeCopies(built.model, dtype, compile=cfg.compile and dist_.device.type == "cuda")
                        if dtype and dist_.world == 1 else None)
+        # FP8 weights quantized once a step, not once a micro-batch (FSDP holds only shards between forwards)
+        self.fp8_stacks = weight_stacks(built.model) if precision == "fp8-blockwise" and not self.fsdp else None
+
+    def _fp8_step_weights(self):
+        if not self.fp8_stacks:
+            return contextlib.nullcontext()
+        from trainer.fp8 import step_weights
+        return step_weights(self.fp8_stacks)
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world
         loss_model, model, optimizer = self.b.loss_model, self.b.model, self.b.optimizer
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        with self.copies.swapped() if self.copies else contextlib.nullcontext():
+        with self.copies.swapped() if self.copies else contextlib.nullcontext(), self._fp8_step_weights():
             for i, mb in enumerate(micro):
                 mb = mb.to(device)
                 last = i == len(micro) - 1

@@ -568,3 +568,61 @@ def test_readme_example_and_idempotent_conversion():
     convert_to_fp8(model, Fp8Recipe(scale_format="fp32"))  # already converted: a no-op
     assert len(fp8_module_names(model)) == 7
     assert round(flops_per_token(QWEN3_SHAPES["1.7b"], 4096).fp8_share(), 3) == 0.721
+
+
+def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeypatch):
+    """`step_weights` over the trainer model's `weight_stacks`: two micro-batches inside one step give the
+    same losses and gradients, bit for bit, as quantizing every weight at every use; each stack (q|k|v,
+    o, gate|up, down) is quantized once for the step instead of once a micro-batch; the copies are gone
+    after the step (and are never in the state dict), also when the step raises."""
+    from trainer.fp8 import linear as fp8_linear_mod
+    from trainer.fp8 import step_weights
+    from trainer.model import build_model, preset_config, weight_stacks
+
+    cfg = preset_config("tiny", vocab_size=512)
+    model = convert_to_fp8(build_model(cfg, seed=0), Fp8Recipe(backend="emulate"))
+    keys = set(model.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    batches = [torch.randint(0, 512, (2, 64), generator=gen) for _ in range(2)]
+    quantized = []
+    real = fp8_linear_mod.quantize_128x128
+    monkeypatch.setattr(fp8_linear_mod, "quantize_128x128", lambda w, f: quantized.append(tuple(w.shape)) or real(w, f))
+
+    def step(ctx):
+        model.zero_grad()
+        quantized.clear()
+        with ctx:
+            losses = []
+            for ids in batches:
+                loss = F.cross_entropy(model(ids).reshape(-1, 512), ids.reshape(-1))
+                loss.backward()
+                losses.append(loss.detach())
+        return losses, [p.grad.clone() for p in model.parameters()], list(quantized)
+
+    import contextlib
+    ref_losses, ref_grads, per_use = step(contextlib.nullcontext())
+    losses, grads, once = step(step_weights(weight_stacks(model)))
+    assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    d, kv, ff = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.d_ff
+    stack_shapes = [(cfg.n_heads * cfg.head_dim + 2 * kv, d), (d, cfg.n_heads * cfg.head_dim), (2 * ff, d), (d, ff)]
+    assert sorted(once) == sorted(stack_shapes * cfg.n_layers)          # once a step
+    assert sorted(per_use) == sorted(stack_shapes * cfg.n_layers * 2)   # before: once a micro-batch
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert all(m.step_q is None for m in fp8) and set(model.state_dict()) == keys
+    with pytest.raises(RuntimeError, match="boom"):
+        with step_weights(weight_stacks(model)) as n:
+            assert n == 4 * cfg.n_layers and model.model.layers[0].self_attn.q_proj.step_q is not None
+            raise RuntimeError("boom")
+    assert all(m.step_q is None for m in fp8)
+
+
+def test_a_step_copy_is_used_only_for_a_weight_of_its_shape():
+    """A layer whose step copy holds a stack computes its own weight alone as if it had none."""
+    layer = Fp8Linear(256, 128, bias=False, recipe=Fp8Recipe(backend="emulate"))
+    other = Fp8Linear(256, 128, bias=False, recipe=Fp8Recipe(backend="emulate"))
+    x = _spread(64, 256, seed=6)
+    layer.set_step_weight(torch.cat([layer.weight, other.weight]))
+    assert layer.step_weight(layer.weight)[0] is None
+    torch.testing.assert_close(layer(x), fp8_linear(x, layer.weight, recipe=layer.recipe), rtol=0, atol=0)
+    layer.clear_step_weight()

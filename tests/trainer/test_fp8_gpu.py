@@ -313,3 +313,45 @@ def test_converted_trainer_model_runs_on_cuda():
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     assert isinstance(model.model.layers[0].self_attn.q_proj, Fp8Linear)
+
+
+@needs_blockwise
+@needs_triton
+def test_step_weights_in_compiled_blocks_give_the_same_step():
+    """Blocks compiled as the loop compiles them: a step of two micro-batches with the weights quantized
+    once (`step_weights`) gives the losses and gradients of quantizing them at every use, and the blocks
+    compile once for each (every block shares the graph; the step copies are buffers, inputs to it)."""
+    import contextlib
+
+    from trainer.fp8 import step_weights
+    from trainer.model import ModelConfig, build_model, weight_stacks
+
+    torch._dynamo.reset()
+    cfg = ModelConfig(vocab_size=1024, d_model=256, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=128, d_ff=512)
+    model = convert_to_fp8(build_model(cfg, seed=0, device="cuda"), Fp8Recipe(backend="cuda-scaled-mm"))
+    for block in model.model.layers:
+        block.compile()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    batches = [torch.randint(0, 1024, (2, 256), device="cuda", generator=gen) for _ in range(2)]
+
+    def step(ctx):
+        model.zero_grad()
+        with ctx:
+            losses = []
+            for ids in batches:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(ids)
+                loss = F.cross_entropy(logits.float().reshape(-1, 1024), ids.reshape(-1))
+                loss.backward()
+                losses.append(loss.detach())
+        return torch.stack(losses), [p.grad.clone() for p in model.parameters()]
+
+    ref_losses, ref_grads = step(contextlib.nullcontext())
+    losses, grads = step(step_weights(weight_stacks(model)))
+    again, _ = step(step_weights(weight_stacks(model)))
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=0)
+    assert torch.equal(again, losses)
+    for a, b in zip(grads, ref_grads):
+        assert _rel(a, b) < 1e-3
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert frames <= 4, f"{frames} graphs compiled for 3 blocks in two modes"

@@ -3,7 +3,7 @@
 
 from trainer.fp8.convert import convert_to_fp8, fp8_module_names, resolve_recipe
 from trainer.fp8.gemm import ScaledMmCaps, probe_scaled_mm
-from trainer.fp8.linear import Fp8Linear, fp8_linear
+from trainer.fp8.linear import Fp8Linear, fp8_linear, step_weights
 from trainer.fp8.quantize import (
     dequantize_1x128,
     dequantize_128x128,
@@ -29,4 +29,5 @@ __all__ = [
     "quantize_1x128",
     "resolve_recipe",
     "scales_from_amax",
+    "step_weights",
 ]

@@ -22,7 +22,9 @@ the gate-up output gradient, so neither exists in BF16.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -41,6 +43,7 @@ from trainer.fp8.triton_kernels import (
 
 EMULATE = "emulate"
 SCALED_MM = "cuda-scaled-mm"
+_NO_STEP = (None, None, None)   # no step copy of a weight: quantize it where it is used
 
 
 def _compiling() -> bool:
@@ -116,9 +119,14 @@ def _quant_act(x2: torch.Tensor, scale_format: str, quantizer: str, backend: str
     return row, col
 
 
-def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backend: str, transposed: bool):
+def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backend: str, transposed: bool,
+                  step: tuple | None = None):
     """(wq, ws, wtq): the 128x128-quantized weight, its (N/128, K/128) scales and, for the cuBLAS
-    Dgrad, the transposed row-major FP8 copy (None otherwise)."""
+    Dgrad, the transposed row-major FP8 copy (None otherwise). ``step``: the step's copy of them
+    (:meth:`Fp8Linear.set_step_weight`), used instead of quantizing again when given."""
+    if step is not None and step[0] is not None:
+        wq, ws, wtq = step
+        return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
     if quantizer == "triton":
         wq, wtq, ws = quant_weight(weight, scale_format == "pow2", transposed and backend == SCALED_MM)
         return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
@@ -144,13 +152,14 @@ def _output_dtype(x: torch.Tensor) -> torch.dtype:
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, scale_format: str, backend: str, quantizer: str, lib: str,
-                out_dtype: torch.dtype):
+    def forward(ctx, x, weight, bias, step_q, step_s, step_qt, scale_format: str, backend: str, quantizer: str,
+                lib: str, out_dtype: torch.dtype):
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         (xq, xs), (xtq, xts) = _quant_act(x2, scale_format, quantizer, backend, rows=True, transposed=need_dw)
-        wq, ws, wtq = _quant_weight(weight, scale_format, quantizer, backend, transposed=need_dx)
+        wq, ws, wtq = _quant_weight(weight, scale_format, quantizer, backend, transposed=need_dx,
+                                    step=(step_q, step_s, step_qt))
         y = _fprop(xq, xs, wq, ws, backend, x, out_dtype, lib)
         if bias is not None:
             y = y + bias.to(y.dtype)
@@ -182,7 +191,7 @@ class _Fp8LinearFn(torch.autograd.Function):
             dw = _wgrad(dytq, dyts, xtq, xts, backend, dy, ctx.w_dtype, ctx.lib)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None
 
 
 def _dgrad(dyq, dys, wdq, ws, backend, like, lib):
@@ -220,15 +229,16 @@ def _swiglu_bwd_quant(gu, dh, scale_format, quantizer, backend, rows, transposed
     return _quant_act(dgu, scale_format, quantizer, backend, rows=rows, transposed=transposed)
 
 
-def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, lib, out_dtype, need_dx, need_dwgu, need_dwd):
+def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, lib, out_dtype, need_dx, need_dwgu, need_dwd,
+                    step_gu=None, step_down=None):
     """``y = down(silu(gate) * up)`` of the (M, D) input ``x2``, and what backward needs (Nones where a
-    gradient is not wanted; all None for inference)."""
+    gradient is not wanted; all None for inference). ``step_*``: the step's quantized weights, if any."""
     need_dh = need_dx or need_dwgu
     (xq, xs), (xtq, xts) = _quant_act(x2, fmt, quantizer, backend, rows=True, transposed=need_dwgu)
-    wq, ws, wtq = _quant_weight(w_gu, fmt, quantizer, backend, transposed=need_dx)
+    wq, ws, wtq = _quant_weight(w_gu, fmt, quantizer, backend, transposed=need_dx, step=step_gu)
     gu = _fprop(xq, xs, wq, ws, backend, x2, out_dtype, lib)
     (hq, hs), (htq, hts) = _swiglu_quant(gu, fmt, quantizer, backend, transposed=need_dwd)
-    w2q, w2s, w2tq = _quant_weight(w_down, fmt, quantizer, backend, transposed=need_dh)
+    w2q, w2s, w2tq = _quant_weight(w_down, fmt, quantizer, backend, transposed=need_dh, step=step_down)
     y = _fprop(hq, hs, w2q, w2s, backend, x2, out_dtype, lib)
     transposed_w = backend == SCALED_MM   # the CUDA Dgrad reads the row-major transposed FP8 weight
     saved = (
@@ -249,11 +259,12 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
     FP8 ``x^T`` and ``h^T`` (Wgrads), the FP8 weights (Dgrads) and the BF16 gate-up output."""
 
     @staticmethod
-    def forward(ctx, x, w_gu, w_down, scale_format: str, backend: str, quantizer: str, lib: str,
-                out_dtype: torch.dtype):
+    def forward(ctx, x, w_gu, w_down, gu_q, gu_s, gu_qt, down_q, down_s, down_qt, scale_format: str,
+                backend: str, quantizer: str, lib: str, out_dtype: torch.dtype):
         x2 = x.reshape(-1, x.shape[-1])
         y, saved = _swiglu_forward(x2, w_gu, w_down, scale_format, backend, quantizer, lib, out_dtype,
-                                   *ctx.needs_input_grad[:3])
+                                   *ctx.needs_input_grad[:3], step_gu=(gu_q, gu_s, gu_qt),
+                                   step_down=(down_q, down_s, down_qt))
         ctx.scale_format, ctx.backend, ctx.quantizer, ctx.lib = scale_format, backend, quantizer, lib
         ctx.x_shape, ctx.x_dtype, ctx.w_dtypes = x.shape, x.dtype, (w_gu.dtype, w_down.dtype)
         ctx.save_for_backward(*saved)
@@ -278,11 +289,11 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
                 dx = _dgrad(gq, gs, wdq, ws, backend, dy, ctx.lib).to(ctx.x_dtype).reshape(ctx.x_shape)
             if need_dwgu:
                 dw_gu = _wgrad(gtq, gts, xtq, xts, backend, dy, ctx.w_dtypes[0], ctx.lib)
-        return dx, dw_gu, dw_down, None, None, None, None, None
+        return dx, dw_gu, dw_down, *([None] * 11)
 
 
 def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer_pref: str,
-                lib: str) -> torch.Tensor | None:
+                lib: str, step_gu: tuple = _NO_STEP, step_down: tuple = _NO_STEP) -> torch.Tensor | None:
     """The fused SwiGLU MLP, or None where its linears would not run on one backend and quantizer
     (then the caller runs them one by one)."""
     backend, quantizer = _resolve(backend_pref, quantizer_pref, x, w_gu)
@@ -291,9 +302,9 @@ def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer
     out_dtype = _output_dtype(x)
     if not (torch.is_grad_enabled() and (x.requires_grad or w_gu.requires_grad or w_down.requires_grad)):
         y, _ = _swiglu_forward(x.reshape(-1, x.shape[-1]), w_gu, w_down, scale_format, backend, quantizer, lib,
-                               out_dtype, False, False, False)
+                               out_dtype, False, False, False, step_gu, step_down)
         return y.reshape(*x.shape[:-1], w_down.shape[0])
-    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, scale_format, backend, quantizer, lib, out_dtype)
+    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, *step_gu, *step_down, scale_format, backend, quantizer, lib, out_dtype)
 
 
 def fp8_linear(
@@ -307,19 +318,20 @@ def fp8_linear(
     return _fp8_linear(x, weight, bias, r.scale_format, r.backend, r.quantizer, r.gemm)
 
 
-def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer_pref: str, lib: str) -> torch.Tensor:
+def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer_pref: str, lib: str,
+                step: tuple = _NO_STEP) -> torch.Tensor:
     backend, quantizer = _resolve(backend_pref, quantizer_pref, x, weight)
     out_dtype = _output_dtype(x)
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         # inference: no transposed copies, nothing saved
         x2 = x.reshape(-1, x.shape[-1])
         (xq, xs), _ = _quant_act(x2, scale_format, quantizer, backend, rows=True, transposed=False)
-        wq, ws, _ = _quant_weight(weight, scale_format, quantizer, backend, transposed=False)
+        wq, ws, _ = _quant_weight(weight, scale_format, quantizer, backend, transposed=False, step=step)
         y = _fprop(xq, xs, wq, ws, backend, x, out_dtype, lib)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
-    return _Fp8LinearFn.apply(x, weight, bias, scale_format, backend, quantizer, lib, out_dtype)
+    return _Fp8LinearFn.apply(x, weight, bias, *step, scale_format, backend, quantizer, lib, out_dtype)
 
 
 class Fp8Linear(nn.Linear):
@@ -328,7 +340,14 @@ class Fp8Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  recipe: Fp8Recipe | None = None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._register_step_buffers()
         self.set_recipe(recipe)
+
+    def _register_step_buffers(self) -> None:
+        # the step's FP8 copy of the weight this layer computes with (`set_step_weight`); None outside a step.
+        # Buffers, so that a compiled block takes them as inputs (one graph for every block), never saved
+        for name in ("step_q", "step_s", "step_qt"):
+            self.register_buffer(name, None, persistent=False)
 
     def set_recipe(self, recipe: Fp8Recipe | None) -> None:
         self.recipe = recipe if recipe is not None else Fp8Recipe()
@@ -346,9 +365,29 @@ class Fp8Linear(nn.Linear):
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight = linear.weight
         new.bias = linear.bias
+        new._register_step_buffers()
         new.set_recipe(recipe)
         new.train(linear.training)
         return new
+
+    @torch.no_grad()
+    def set_step_weight(self, weight: torch.Tensor | None = None) -> None:
+        """Quantize the weight this layer computes with (its own, or the stack of its siblings' weights that
+        `trainer.model.sibling_linears` passes) once, for every micro-batch of an optimizer step: the weights do
+        not change between them. `clear_step_weight` ends it; the optimizer must not step in between."""
+        w = self.weight if weight is None else weight
+        backend, quantizer = _resolve(self.backend_pref, self.quantizer_pref, w, w)
+        self.step_q, self.step_s, self.step_qt = _quant_weight(w.detach(), self.scale_format, quantizer, backend,
+                                                               transposed=True)
+
+    def clear_step_weight(self) -> None:
+        self.step_q = self.step_s = self.step_qt = None
+
+    def step_weight(self, weight: torch.Tensor) -> tuple:
+        """The step's copy (q, s, qt) when it is the quantization of a weight shaped like ``weight``, else Nones."""
+        if self.step_q is None or self.step_q.shape != weight.shape:
+            return _NO_STEP
+        return self.step_q, self.step_s, self.step_qt
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_weight(x, self.weight, self.bias)
@@ -356,17 +395,42 @@ class Fp8Linear(nn.Linear):
     def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """This layer's recipe applied to another weight: `trainer.model.sibling_linears` passes the
         stacked weights of q, k, v (or gate, up) so that their shared input is quantized once."""
-        return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref, self.gemm_pref)
+        return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref, self.gemm_pref,
+                           self.step_weight(weight))
 
-    def forward_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor | None:
+    def forward_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor,
+                       gate_up_owner: "Fp8Linear | None" = None) -> torch.Tensor | None:
         """This layer as the down projection of a SwiGLU MLP, ``self(silu(gate) * up)`` with
         ``[gate | up] = x w_gate_up^T``, in one fused FP8 computation (`trainer.model.MLP` passes the
-        stacked gate and up weights). None where the fusion does not apply (a bias, or linears that
-        resolve to different backends): the caller then runs the linears one by one."""
+        stacked gate and up weights, and the gate projection, which holds the stack's step copy). None where
+        the fusion does not apply (a bias, or linears that resolve to different backends): the caller then
+        runs the linears one by one."""
         if self.bias is not None:
             return None
+        step_gu = gate_up_owner.step_weight(w_gate_up) if gate_up_owner is not None else _NO_STEP
         return _fp8_swiglu(x, w_gate_up, self.weight, self.scale_format, self.backend_pref, self.quantizer_pref,
-                           self.gemm_pref)
+                           self.gemm_pref, step_gu, self.step_weight(self.weight))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}, gemm={self.gemm_pref}"
+
+
+@contextlib.contextmanager
+def step_weights(stacks: Iterable[tuple[nn.Module, ...]]) -> Iterator[int]:
+    """Quantize each FP8 weight stack once for an optimizer step's micro-batches, instead of once a
+    micro-batch: a stack (``trainer.model.weight_stacks``) of ``Fp8Linear`` siblings is concatenated and
+    quantized into its first linear's step copy (`Fp8Linear.set_step_weight`), which every forward of the
+    step then reads; the weight gradients still flow to each parameter. Yields the number of copies made;
+    the copies are dropped on exit (before the optimizer steps), even when the step raises."""
+    owners = []
+    try:
+        for stack in stacks:
+            owner = stack[0]
+            if not isinstance(owner, Fp8Linear) or any(type(m) is not type(owner) for m in stack):
+                continue
+            owner.set_step_weight(owner.weight if len(stack) == 1 else torch.cat([m.weight for m in stack]))
+            owners.append(owner)
+        yield len(owners)
+    finally:
+        for owner in owners:
+            owner.clear_step_weight()
