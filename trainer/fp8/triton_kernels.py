@@ -24,9 +24,6 @@ Triton is imported lazily, so this module imports (and the ops register) on CPU-
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import torch
 
 from trainer.fp8.quantize import FP8_DTYPE, ceil_div
@@ -68,14 +65,12 @@ if triton is not None:
             inv = tl.math.div_rn(e4m3_max, amax)
         return scale, inv
 
-    # Each kernel below quantizes 128 x 128 tiles of its output, in one of two launch layouts (`Launch`):
-    # - persistent: a few programs per SM walk the tiles, each tile in one pass (loaded once, both copies
-    #   quantized from registers), the next tile's loads issued into shared memory while the current one is
-    #   quantized (Triton's software pipelining of the tile loop, `STAGES` deep);
-    # - one program a tile, in two passes: the row copy in bands of PART rows (each row's 1x128 group whole),
-    #   then the transposed copy in bands of PART columns (each column's 128-token group whole), the second
-    #   pass re-reading the tile from L2; bands pipelined `STAGES` deep. PART = 128 is one pass.
-    # Both give the same bits. benchmarks/fp8_gemm.py --quant-sweep times them; LAUNCH holds the fastest.
+    # Each kernel below quantizes one 128 x 128 tile of its output in two passes: the row copy in bands of
+    # PART rows (each row's 1x128 group whole), then the transposed copy in bands of PART columns (each
+    # column's 128-token group whole), loading (or computing) the band it needs each time; the second
+    # pass re-reads the tile from L2. Narrow bands need fewer registers (ptxas -v at 8 warps: 255 a thread
+    # for the whole tile in one pass, 64 for bands of 16), but on the H200 more programs per SM did not make
+    # the kernels faster (benchmarks/RESULTS.md): LAUNCH holds the measured fastest.
 
     @triton.jit
     def _store_rows(x, rm, rk, kb, M, K, q_ptr, s_ptr, POW2: tl.constexpr):
@@ -103,45 +98,24 @@ if triton is not None:
         return tl.load(ptr + rm[:, None] * stride + rk[None, :], mask=(rm < M)[:, None], other=0.0).to(tl.float32)
 
     @triton.jit
-    def _act_tile(
-        x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, pid_m, pid_k, M, K, M_pad, stride_xm,
-        POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
-        PART: tl.constexpr, STAGES: tl.constexpr,
-    ):
-        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
-        if PART == BLOCK:
-            rm = r0 + tl.arange(0, BLOCK)
-            rk = k0 + tl.arange(0, BLOCK)
-            x = _band(x_ptr, rm, rk, stride_xm, M)
-            if WRITE_T:
-                _store_cols(x, rm, rk, pid_m, K, M_pad, qt_ptr, st_ptr, POW2)
-            if WRITE_ROW:
-                _store_rows(x, rm, rk, pid_k, M, K, q_ptr, s_ptr, POW2)
-        else:
-            if WRITE_ROW:
-                rk = k0 + tl.arange(0, BLOCK)
-                for p in tl.range(BLOCK // PART, num_stages=STAGES):
-                    rm = r0 + p * PART + tl.arange(0, PART)
-                    _store_rows(_band(x_ptr, rm, rk, stride_xm, M), rm, rk, pid_k, M, K, q_ptr, s_ptr, POW2)
-            if WRITE_T:
-                cm = r0 + tl.arange(0, BLOCK)
-                for p in tl.range(BLOCK // PART, num_stages=STAGES):
-                    ck = k0 + p * PART + tl.arange(0, PART)
-                    _store_cols(_band(x_ptr, cm, ck, stride_xm, M), cm, ck, pid_m, K, M_pad, qt_ptr, st_ptr, POW2)
-
-    @triton.jit
     def _act_kernel(
-        x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, M_pad, stride_xm, n_tiles, tiles_m,
+        x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, M_pad, stride_xm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
-        PART: tl.constexpr, STAGES: tl.constexpr, PERSISTENT: tl.constexpr,
+        PART: tl.constexpr,
     ):
-        if PERSISTENT:
-            for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
-                _act_tile(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, tile % tiles_m, tile // tiles_m, M, K, M_pad,
-                          stride_xm, POW2, WRITE_ROW, WRITE_T, BLOCK, BLOCK, 1)
-        else:
-            _act_tile(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, tl.program_id(0), tl.program_id(1), M, K, M_pad,
-                      stride_xm, POW2, WRITE_ROW, WRITE_T, BLOCK, PART, STAGES)
+        pid_m = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
+        if WRITE_ROW:
+            rk = k0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                rm = r0 + p * PART + tl.arange(0, PART)
+                _store_rows(_band(x_ptr, rm, rk, stride_xm, M), rm, rk, pid_k, M, K, q_ptr, s_ptr, POW2)
+        if WRITE_T:
+            cm = r0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                ck = k0 + p * PART + tl.arange(0, PART)
+                _store_cols(_band(x_ptr, cm, ck, stride_xm, M), cm, ck, pid_m, K, M_pad, qt_ptr, st_ptr, POW2)
 
     @triton.jit
     def _swiglu_band(gu_ptr, rm, rk, stride, M, F):
@@ -150,45 +124,25 @@ if triton is not None:
         return g * tl.sigmoid(g) * _band(gu_ptr, rm, rk + F, stride, M)
 
     @triton.jit
-    def _swiglu_tile(
-        gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, pid_m, pid_k, M, F, M_pad, stride_gm,
-        POW2: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr, STAGES: tl.constexpr,
-    ):
-        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
-        if PART == BLOCK:
-            rm = r0 + tl.arange(0, BLOCK)
-            rk = k0 + tl.arange(0, BLOCK)
-            h = _swiglu_band(gu_ptr, rm, rk, stride_gm, M, F)
-            if WRITE_T:
-                _store_cols(h, rm, rk, pid_m, F, M_pad, qt_ptr, st_ptr, POW2)
-            _store_rows(h, rm, rk, pid_k, M, F, q_ptr, s_ptr, POW2)
-        else:
-            rk = k0 + tl.arange(0, BLOCK)
-            for p in tl.range(BLOCK // PART, num_stages=STAGES):
-                rm = r0 + p * PART + tl.arange(0, PART)
-                _store_rows(_swiglu_band(gu_ptr, rm, rk, stride_gm, M, F), rm, rk, pid_k, M, F, q_ptr, s_ptr, POW2)
-            if WRITE_T:
-                cm = r0 + tl.arange(0, BLOCK)
-                for p in tl.range(BLOCK // PART, num_stages=STAGES):
-                    ck = k0 + p * PART + tl.arange(0, PART)
-                    _store_cols(_swiglu_band(gu_ptr, cm, ck, stride_gm, M, F), cm, ck, pid_m, F, M_pad,
-                                qt_ptr, st_ptr, POW2)
-
-    @triton.jit
     def _swiglu_kernel(
-        gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm, n_tiles, tiles_m,
+        gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm,
         POW2: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
-        STAGES: tl.constexpr, PERSISTENT: tl.constexpr,
     ):
         """h = silu(gate) * up from the stacked (M, 2F) gate-up output, quantized for the down
         projection: h is never written in BF16."""
-        if PERSISTENT:
-            for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
-                _swiglu_tile(gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, tile % tiles_m, tile // tiles_m, M, F, M_pad,
-                             stride_gm, POW2, WRITE_T, BLOCK, BLOCK, 1)
-        else:
-            _swiglu_tile(gu_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, tl.program_id(0), tl.program_id(1), M, F, M_pad,
-                         stride_gm, POW2, WRITE_T, BLOCK, PART, STAGES)
+        pid_m = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
+        rk = k0 + tl.arange(0, BLOCK)
+        for p in tl.range(BLOCK // PART):
+            rm = r0 + p * PART + tl.arange(0, PART)
+            _store_rows(_swiglu_band(gu_ptr, rm, rk, stride_gm, M, F), rm, rk, pid_k, M, F, q_ptr, s_ptr, POW2)
+        if WRITE_T:
+            cm = r0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                ck = k0 + p * PART + tl.arange(0, PART)
+                _store_cols(_swiglu_band(gu_ptr, cm, ck, stride_gm, M, F), cm, ck, pid_m, F, M_pad,
+                            qt_ptr, st_ptr, POW2)
 
     @triton.jit
     def _swiglu_grad_band(gu_ptr, dh_ptr, rm, rk, stride_g, stride_d, M, F):
@@ -200,54 +154,31 @@ if triton is not None:
         return dh * u * sig * (1.0 + g * (1.0 - sig)), dh * g * sig
 
     @triton.jit
-    def _swiglu_bwd_tile(
-        gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, pid_m, pid_k, M, F, M_pad, stride_gm, stride_dm,
-        POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
-        PART: tl.constexpr, STAGES: tl.constexpr,
-    ):
-        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
-        up_kb = pid_k + F // BLOCK
-        if PART == BLOCK:
-            rm = r0 + tl.arange(0, BLOCK)
-            rk = k0 + tl.arange(0, BLOCK)
-            dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, rm, rk, stride_gm, stride_dm, M, F)
-            if WRITE_T:
-                _store_cols(dg, rm, rk, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
-                _store_cols(du, rm, rk + F, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
-            if WRITE_ROW:
-                _store_rows(dg, rm, rk, pid_k, M, 2 * F, q_ptr, s_ptr, POW2)
-                _store_rows(du, rm, rk + F, up_kb, M, 2 * F, q_ptr, s_ptr, POW2)
-        else:
-            if WRITE_ROW:
-                rk = k0 + tl.arange(0, BLOCK)
-                for p in tl.range(BLOCK // PART, num_stages=STAGES):
-                    rm = r0 + p * PART + tl.arange(0, PART)
-                    dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, rm, rk, stride_gm, stride_dm, M, F)
-                    _store_rows(dg, rm, rk, pid_k, M, 2 * F, q_ptr, s_ptr, POW2)
-                    _store_rows(du, rm, rk + F, up_kb, M, 2 * F, q_ptr, s_ptr, POW2)
-            if WRITE_T:
-                cm = r0 + tl.arange(0, BLOCK)
-                for p in tl.range(BLOCK // PART, num_stages=STAGES):
-                    ck = k0 + p * PART + tl.arange(0, PART)
-                    dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, cm, ck, stride_gm, stride_dm, M, F)
-                    _store_cols(dg, cm, ck, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
-                    _store_cols(du, cm, ck + F, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
-
-    @triton.jit
     def _swiglu_bwd_kernel(
-        gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm, stride_dm, n_tiles, tiles_m,
+        gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, F, M_pad, stride_gm, stride_dm,
         POW2: tl.constexpr, WRITE_ROW: tl.constexpr, WRITE_T: tl.constexpr, BLOCK: tl.constexpr,
-        PART: tl.constexpr, STAGES: tl.constexpr, PERSISTENT: tl.constexpr,
+        PART: tl.constexpr,
     ):
         """d(gate), d(up) of h = silu(gate) * up, written straight as the quantized output gradient
         (M, 2F) of the stacked gate-up linear: row copy for its Dgrad, transposed copy for its Wgrad."""
-        if PERSISTENT:
-            for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
-                _swiglu_bwd_tile(gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, tile % tiles_m, tile // tiles_m,
-                                 M, F, M_pad, stride_gm, stride_dm, POW2, WRITE_ROW, WRITE_T, BLOCK, BLOCK, 1)
-        else:
-            _swiglu_bwd_tile(gu_ptr, dh_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, tl.program_id(0), tl.program_id(1),
-                             M, F, M_pad, stride_gm, stride_dm, POW2, WRITE_ROW, WRITE_T, BLOCK, PART, STAGES)
+        pid_m = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        r0, k0 = pid_m * BLOCK, pid_k * BLOCK
+        up_kb = pid_k + F // BLOCK
+        if WRITE_ROW:
+            rk = k0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                rm = r0 + p * PART + tl.arange(0, PART)
+                dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, rm, rk, stride_gm, stride_dm, M, F)
+                _store_rows(dg, rm, rk, pid_k, M, 2 * F, q_ptr, s_ptr, POW2)
+                _store_rows(du, rm, rk + F, up_kb, M, 2 * F, q_ptr, s_ptr, POW2)
+        if WRITE_T:
+            cm = r0 + tl.arange(0, BLOCK)
+            for p in tl.range(BLOCK // PART):
+                ck = k0 + p * PART + tl.arange(0, PART)
+                dg, du = _swiglu_grad_band(gu_ptr, dh_ptr, cm, ck, stride_gm, stride_dm, M, F)
+                _store_cols(dg, cm, ck, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
+                _store_cols(du, cm, ck + F, pid_m, 2 * F, M_pad, qt_ptr, st_ptr, POW2)
 
     @triton.jit
     def _weight_kernel(
@@ -293,41 +224,13 @@ def _act_outputs(x: torch.Tensor, m: int, k: int, write_row: bool, write_t: bool
     return q, s_store, qt, st_store
 
 
-class Launch(NamedTuple):
-    """How one of the activation kernels is launched (see the comment above the kernels)."""
-
-    persistent: bool   # programs walk the tiles, one pass a tile (else one program a tile, in bands)
-    part: int          # banded: rows or columns a band (128: one pass); persistent: ignored
-    warps: int
-    stages: int        # software-pipelining depth of the tile loop (persistent) or band loops (1: none)
-    per_sm: int = 1    # persistent: programs per SM
+# (rows or columns a band, warps) of the three activation kernels, the fastest of benchmarks/fp8_gemm.py
+# --quant-sweep on the H200 (M = 32,768; benchmarks/RESULTS.md)
+LAUNCH = {"act": (128, 8), "swiglu": (128, 8), "swiglu_bwd": (32, 8)}
 
 
-# the fastest of benchmarks/fp8_gemm.py --quant-sweep on the H200 (M = 32,768; benchmarks/RESULTS.md)
-LAUNCH = {
-    "act": Launch(False, 128, 8, 1),
-    "swiglu": Launch(False, 128, 8, 1),
-    "swiglu_bwd": Launch(False, 32, 8, 1),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _launch(kernel, name: str, m: int, k: int, device: torch.device, *args, **constexprs) -> None:
-    """Launch one of the activation kernels over the (m/128, k/128) tiles of its output by LAUNCH[name]."""
-    how = LAUNCH[name]
-    tiles_m, tiles_k = ceil_div(m, GROUP), k // GROUP
-    n_tiles = tiles_m * tiles_k
-    if how.persistent:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        grid = (min(n_tiles, how.per_sm * _sm_count(index)),)
-    else:
-        grid = (tiles_m, tiles_k)
-    kernel[grid](*args, n_tiles, tiles_m, **constexprs, BLOCK=GROUP, PART=how.part, STAGES=how.stages,
-                 PERSISTENT=how.persistent, num_warps=how.warps)
+def _grid(m: int, k: int) -> tuple[int, int]:
+    return ceil_div(m, GROUP), k // GROUP
 
 
 @torch.library.custom_op(f"{_NS}::quant_act", mutates_args=())
@@ -341,8 +244,11 @@ def _quant_act_op(
     out = _act_outputs(x, m, k, write_row, write_t)
     if m > 0 and (write_row or write_t):
         _require_triton()
-        _launch(_act_kernel, "act", m, k, x.device, x, *out, m, k, out[2].shape[1], x.stride(0),
-                POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t)
+        part, warps = LAUNCH["act"]
+        _act_kernel[_grid(m, k)](
+            x, *out, m, k, out[2].shape[1], x.stride(0),
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, PART=part, num_warps=warps,
+        )
     return out
 
 
@@ -386,8 +292,11 @@ def _swiglu_quant_op(
     out = _act_outputs(gu, m, f, True, write_t)
     if m > 0:
         _require_triton()
-        _launch(_swiglu_kernel, "swiglu", m, f, gu.device, gu, *out, m, f, out[2].shape[1], gu.stride(0),
-                POW2=pow2, WRITE_T=write_t)
+        part, warps = LAUNCH["swiglu"]
+        _swiglu_kernel[_grid(m, f)](
+            gu, *out, m, f, out[2].shape[1], gu.stride(0),
+            POW2=pow2, WRITE_T=write_t, BLOCK=GROUP, PART=part, num_warps=warps,
+        )
     return out
 
 
@@ -415,8 +324,11 @@ def _swiglu_bwd_quant_op(
     out = _act_outputs(gu, m, 2 * f, write_row, write_t)
     if m > 0 and (write_row or write_t):
         _require_triton()
-        _launch(_swiglu_bwd_kernel, "swiglu_bwd", m, f, gu.device, gu, dh, *out, m, f, out[2].shape[1],
-                gu.stride(0), dh.stride(0), POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t)
+        part, warps = LAUNCH["swiglu_bwd"]
+        _swiglu_bwd_kernel[_grid(m, f)](
+            gu, dh, *out, m, f, out[2].shape[1], gu.stride(0), dh.stride(0),
+            POW2=pow2, WRITE_ROW=write_row, WRITE_T=write_t, BLOCK=GROUP, PART=part, num_warps=warps,
+        )
     return out
 
 
