@@ -570,8 +570,9 @@ class Stepper:
         dtype = compute_dtype(precision)
         self.copies = (ComputeCopies(built.model, dtype, compile=cfg.compile and dist_.device.type == "cuda")
                        if dtype and dist_.world == 1 else None)
-        # FP8 weights quantized once a step, not once a micro-batch (FSDP holds only shards between forwards)
-        self.fp8_stacks = weight_stacks(built.model) if precision == "fp8-blockwise" and not self.fsdp else None
+        # FP8 weights quantized once a step, not once a micro-batch; one process, as the BF16 copies (FSDP holds
+        # only shards between forwards, and DDP syncs module buffers, which the step copies are)
+        self.fp8_stacks = weight_stacks(built.model) if precision == "fp8-blockwise" and dist_.world == 1 else None
 
     def _fp8_step_weights(self):
         if not self.fp8_stacks:
