@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import short_spark_env
 from tests.demo.readme_commands import README, readme_commands
 
 REPO = README.parent
@@ -73,8 +74,8 @@ def test_every_readme_command_is_run_by_a_test_or_the_demo():
 def test_readme_commands_run_as_written_on_the_demo_run(demo_run, tmp_path):
     out, _ = demo_run
     ws = _workspace(tmp_path, out)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = short_spark_env(dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     ran, failed = [], []
     cmds = [c for c in readme_commands() if _runs_here(c.key)]
     for late, first in AFTER.items():

@@ -22,6 +22,7 @@ from kaiyuan.config import RunConfig, TrainClassifierConfig
 from kaiyuan.spark.components_io import list_components
 from kaiyuan.spark.dedup import run_dedup
 from kaiyuan.spark.ingest import run_ingest
+from tests.conftest import short_spark_env
 
 from .conftest import planted_corpus, prose, write_jsonl
 
@@ -30,7 +31,7 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def _env(**extra):
-    env = dict(os.environ)
+    env = short_spark_env()                    # these JVMs live seconds: C1 only, serial GC
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
