@@ -529,7 +529,10 @@ def run_python(
                 failed=_EXIT_FAILED, error=_EXIT_ERROR, oom=_EXIT_OOM, early=_EXIT_EARLY), encoding="utf-8")
             t0 = time.perf_counter()
             proc = subprocess.Popen(
-                argv, cwd=root, env=_clean_env(work_dir), stdin=subprocess.PIPE, stdout=out, stderr=err,
+                # the work dir is the cwd in both modes (bubblewrap: `--chdir`): without namespaces the code, its
+                # copied inputs and the audit hook's writable root must not be the folder that holds in/ and out/
+                argv, cwd=root if namespaced else work_dir, env=_clean_env(work_dir), stdin=subprocess.PIPE,
+                stdout=out, stderr=err,
                 start_new_session=True, pass_fds=(result.fileno(),), preexec_fn=functools.partial(_set_limits, limits),
             )
             try:

@@ -312,3 +312,18 @@ def test_fallback_without_namespaces_is_loud_and_the_hook_still_holds(monkeypatc
     assert run_python("exit()", tests="assert False", limits=FAST).status == "error"
     with pytest.raises(sandbox.SandboxUnavailable, match="simulated"):
         run_python("pass", limits=SandboxLimits(require_namespaces=True))
+
+
+def test_fallback_runs_in_its_work_directory_and_cannot_reach_the_verdict_files(monkeypatch):
+    """Without namespaces the code starts in the work directory, as bubblewrap's --chdir puts it: it sees only its
+    own files, and the folders beside it (the inputs, and out/ with the result file) are outside the audit hook's
+    writable root."""
+    monkeypatch.setattr(sandbox, "_namespaces_problem", lambda python: "bwrap missing (simulated)")
+    sandbox._warn_fallback.cache_clear()
+    listing = "import os\nprint(sorted(os.listdir('.')))\n"
+    with pytest.warns(sandbox.SandboxIsolationWarning):
+        v = run_python(listing, limits=FAST)
+    assert v.passed, v
+    assert set(eval(v.stdout_tail.strip())) <= {"solution.py", "tests.py", "_runner.py", "_stdout.txt", "_stderr.txt"}
+    v = run_python("open('../out/result', 'wb').write(b'x')", limits=FAST)
+    assert v.status == "error", v
