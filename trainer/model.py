@@ -141,6 +141,12 @@ def _flex_attention(q, k, v, block_mask):
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
+def stacked_weight(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """The siblings' weights stacked along the output features, in their order: the one weight a stacked GEMM
+    (`sibling_linears`, the fused FP8 MLP, `trainer.fp8.step_weights`) computes with."""
+    return linears[0].weight if len(linears) == 1 else torch.cat([m.weight for m in linears])
+
+
 def sibling_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
     """The outputs of linears that read the same input (q, k, v; gate, up).
 
@@ -156,15 +162,15 @@ def sibling_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[to
     forward_weight = getattr(first, "forward_weight", None)
     if forward_weight is None or any(type(m) is not type(first) for m in linears):
         return tuple(m(x) for m in linears)
-    weight = torch.cat([m.weight for m in linears])
+    weight = stacked_weight(linears)
     bias = None if first.bias is None else torch.cat([m.bias for m in linears])
     return forward_weight(x, weight, bias).split([m.out_features for m in linears], dim=-1)
 
 
 def weight_stacks(model: "Transformer") -> list[tuple[nn.Linear, ...]]:
     """The weights each block GEMM of the forward computes with: a stack of siblings (q, k, v; gate, up), whose
-    first linear computes for all of them where `sibling_linears` stacks them, or one linear (o, down).
-    `trainer.fp8.step_weights` quantizes each once a step from this list."""
+    first linear computes for all of them where `sibling_linears` stacks them (`stacked_weight`), or one
+    linear (o, down). `trainer.fp8.step_weights` quantizes each once a step from this list."""
     stacks: list[tuple[nn.Linear, ...]] = []
     for block in model.model.layers:
         attn, mlp = block.self_attn, block.mlp
@@ -226,7 +232,7 @@ class MLP(nn.Module):
             # the down projection computes the whole MLP from the stacked gate-up weight
             # (`trainer.fp8.Fp8Linear`: the SwiGLU product fused into its FP8 quantization); the gate
             # projection, first of the stack, holds what `weight_stacks` says it computes with
-            y = fused(x, torch.cat([gate.weight, up.weight]), gate)
+            y = fused(x, stacked_weight(self.gate_up()), gate)
             if y is not None:
                 return y
         g, u = sibling_linears(x, self.gate_up())

@@ -48,7 +48,7 @@ from trainer.config import RunConfig
 from trainer.data import MicroBatch, SyntheticStream, TokenStream
 from trainer.flops import PEAKS, shape_from_config, throughput_report
 from trainer.loss import DEFAULT_CHUNK_TOKENS, chunk_loss_and_grads, linear_cross_entropy_sum
-from trainer.model import ModelConfig, Transformer, build_model, count_params, weight_stacks
+from trainer.model import ModelConfig, Transformer, build_model, count_params, stacked_weight, weight_stacks
 from trainer.optim import build_optimizer
 from trainer.schedules import lr_at, resolve_schedule
 
@@ -578,7 +578,7 @@ class Stepper:
         if not self.fp8_stacks:
             return contextlib.nullcontext()
         from trainer.fp8 import step_weights
-        return step_weights(self.fp8_stacks)
+        return step_weights(self.fp8_stacks, stacked_weight)
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world

@@ -5,6 +5,7 @@ All on CPU through the exact emulation; the CUDA kernels are checked against it 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -577,7 +578,7 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
     after the step (and are never in the state dict), also when the step raises."""
     from trainer.fp8 import linear as fp8_linear_mod
     from trainer.fp8 import step_weights
-    from trainer.model import build_model, preset_config, weight_stacks
+    from trainer.model import build_model, preset_config, stacked_weight, weight_stacks
 
     cfg = preset_config("tiny", vocab_size=512)
     model = convert_to_fp8(build_model(cfg, seed=0), Fp8Recipe(backend="emulate"))
@@ -599,9 +600,8 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
                 losses.append(loss.detach())
         return losses, [p.grad.clone() for p in model.parameters()], list(quantized)
 
-    import contextlib
     ref_losses, ref_grads, per_use = step(contextlib.nullcontext())
-    losses, grads, once = step(step_weights(weight_stacks(model)))
+    losses, grads, once = step(step_weights(weight_stacks(model), stacked_weight))
     assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses))
     assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
     d, kv, ff = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.d_ff
@@ -611,7 +611,7 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
     fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     assert all(m.step_q is None for m in fp8) and set(model.state_dict()) == keys
     with pytest.raises(RuntimeError, match="boom"):
-        with step_weights(weight_stacks(model)) as n:
+        with step_weights(weight_stacks(model), stacked_weight) as n:
             assert n == 4 * cfg.n_layers and model.model.layers[0].self_attn.q_proj.step_q is not None
             raise RuntimeError("boom")
     assert all(m.step_q is None for m in fp8)

@@ -3,6 +3,7 @@ against the emulation, torch.compile. Marked `gpu`; skipped cleanly without CUDA
 
 from __future__ import annotations
 
+import contextlib
 import pytest
 import torch
 import torch.nn as nn
@@ -291,10 +292,9 @@ def test_step_weights_in_compiled_blocks_give_the_same_step():
     once (`step_weights`) gives the losses and gradients of quantizing them at every use (to FP8 rounding
     flips; bit for bit with the emulation, tests/trainer/test_fp8.py), and the blocks compile once for each
     (every block shares the graph; the step copies are buffers, inputs to it)."""
-    import contextlib
 
     from trainer.fp8 import step_weights
-    from trainer.model import ModelConfig, build_model, weight_stacks
+    from trainer.model import ModelConfig, build_model, stacked_weight, weight_stacks
 
     torch._dynamo.reset()
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]   # reset() keeps the counters
@@ -318,8 +318,8 @@ def test_step_weights_in_compiled_blocks_give_the_same_step():
         return torch.stack(losses), [p.grad.clone() for p in model.parameters()]
 
     ref_losses, ref_grads = step(contextlib.nullcontext())
-    losses, grads = step(step_weights(weight_stacks(model)))
-    again, _ = step(step_weights(weight_stacks(model)))
+    losses, grads = step(step_weights(weight_stacks(model), stacked_weight))
+    again, _ = step(step_weights(weight_stacks(model), stacked_weight))
     # the two graphs quantize the same weights, but Inductor schedules the ops around the (now absent) weight
     # quantization differently, so a BF16 rounding and then an FP8 code flip here and there: the H200 gave a
     # 2.3e-5 relative loss difference on the second micro-batch (stale or misassembled weights move it > 1e-2)

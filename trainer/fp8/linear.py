@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -120,11 +120,11 @@ def _quant_act(x2: torch.Tensor, scale_format: str, quantizer: str, backend: str
 
 
 def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backend: str, transposed: bool,
-                  step: tuple | None = None):
+                  step: tuple = _NO_STEP):
     """(wq, ws, wtq): the 128x128-quantized weight, its (N/128, K/128) scales and, for the cuBLAS
     Dgrad, the transposed row-major FP8 copy (None otherwise). ``step``: the step's copy of them
     (:meth:`Fp8Linear.set_step_weight`), used instead of quantizing again when given."""
-    if step is not None and step[0] is not None:
+    if step[0] is not None:
         wq, ws, wtq = step
         return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
     if quantizer == "triton":
@@ -230,7 +230,7 @@ def _swiglu_bwd_quant(gu, dh, scale_format, quantizer, backend, rows, transposed
 
 
 def _swiglu_forward(x2, w_gu, w_down, fmt, backend, quantizer, lib, out_dtype, need_dx, need_dwgu, need_dwd,
-                    step_gu=None, step_down=None):
+                    step_gu=_NO_STEP, step_down=_NO_STEP):
     """``y = down(silu(gate) * up)`` of the (M, D) input ``x2``, and what backward needs (Nones where a
     gradient is not wanted; all None for inference). ``step_*``: the step's quantized weights, if any."""
     need_dh = need_dx or need_dwgu
@@ -416,19 +416,20 @@ class Fp8Linear(nn.Linear):
 
 
 @contextlib.contextmanager
-def step_weights(stacks: Iterable[tuple[nn.Module, ...]]) -> Iterator[int]:
+def step_weights(stacks: Iterable[tuple[nn.Module, ...]],
+                 stack: Callable[[tuple[nn.Module, ...]], torch.Tensor]) -> Iterator[int]:
     """Quantize each FP8 weight stack once for an optimizer step's micro-batches, instead of once a
-    micro-batch: a stack (``trainer.model.weight_stacks``) of ``Fp8Linear`` siblings is concatenated and
-    quantized into its first linear's step copy (`Fp8Linear.set_step_weight`), which every forward of the
+    micro-batch: a stack (``trainer.model.weight_stacks``) of ``Fp8Linear`` siblings is stacked by ``stack``
+    (``trainer.model.stacked_weight``, what the forward stacks) and quantized into its first linear's step copy (`Fp8Linear.set_step_weight`), which every forward of the
     step then reads; the weight gradients still flow to each parameter. Yields the number of copies made;
     the copies are dropped on exit (before the optimizer steps), even when the step raises."""
     owners = []
     try:
-        for stack in stacks:
-            owner = stack[0]
-            if not isinstance(owner, Fp8Linear) or any(type(m) is not type(owner) for m in stack):
+        for linears in stacks:
+            owner = linears[0]
+            if not isinstance(owner, Fp8Linear) or any(type(m) is not type(owner) for m in linears):
                 continue
-            owner.set_step_weight(owner.weight if len(stack) == 1 else torch.cat([m.weight for m in stack]))
+            owner.set_step_weight(stack(linears))
             owners.append(owner)
         yield len(owners)
     finally:
