@@ -51,8 +51,10 @@ def test_config_table_is_indexed_and_named_per_kind():
         assert m, row
         kind, name, sched, tm, tiles = int(m.group(2)), m.group(3), m.group(4), int(m.group(5)), m.group(10)
         assert 0 <= kind < len(cg.KINDS) and (kind, name) not in seen
-        assert sched in ("Coop", "Pingpong") and tm in (128, 256)  # what the blockwise mainloop takes
+        assert sched in ("Coop", "Pingpong", "CoopPipelined") and tm in (128, 256)  # what the blockwise mainloop takes
         assert tiles == "Persistent" or (tiles == "StreamK" and sched == "Coop"), row  # no stream-K pingpong
+        if sched == "CoopPipelined":  # three 64 x N accumulators a warpgroup (pipelined_promotion.hpp)
+            assert tm == 128 and int(m.group(6)) <= 128 and name.startswith("pipelined_"), row
         seen.add((kind, name))
     for k in (0, 1):
         assert any(kind == k and name == cg.DEFAULT_ACT_WEIGHT for kind, name in seen)
@@ -291,6 +293,29 @@ def test_act_act_matches_emulation_and_accumulates(config, mkn):
     assert same is grad
     err = _relerr(grad, before + ref)
     assert err < FP32_TOL, f"wgrad accumulate {config} {mkn}: rel. error {err:.2e}"
+
+
+PIPELINED = {kind: [c for c in cg.configs(kind) if c.startswith("pipelined_")] for kind in ("act_weight", "act_act")}
+
+
+@gpu
+@pytest.mark.parametrize("mkn", MKN + [(256, 128, 128)], ids=MKN_IDS + ["one-k-tile"])
+def test_pipelined_promotion_equals_the_reference_mainloop_bit_for_bit(mkn):
+    """The pipelined mainloop (csrc/pipelined_promotion.hpp) promotes the same k-blocks in the same order with
+    the same roundings as CUTLASS's: its results equal the reference config's exactly, at every k-tile count
+    (one k-tile; ragged K = 5 and 3 blocks: odd counts; the 1.7B shapes: even counts) and through both of its temporaries."""
+    m, k, n = mkn
+    o = _operands(m, k, n)
+    if not (PIPELINED["act_weight"] and PIPELINED["act_act"]):
+        pytest.skip("the library has no pipelined configs")
+    y_ref = cg.fprop(o["xq"], o["xs"], o["wq"], o["ws"], cg.DEFAULT_ACT_WEIGHT)
+    dx_ref = cg.dgrad(o["dyq"], o["dys"], o["wtq"], o["ws"], cg.DEFAULT_ACT_WEIGHT)
+    dw_ref = cg.wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], cg.DEFAULT_ACT_ACT)
+    for config in PIPELINED["act_weight"]:
+        assert torch.equal(cg.fprop(o["xq"], o["xs"], o["wq"], o["ws"], config), y_ref), config
+        assert torch.equal(cg.dgrad(o["dyq"], o["dys"], o["wtq"], o["ws"], config), dx_ref), config
+    for config in PIPELINED["act_act"]:
+        assert torch.equal(cg.wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], config), dw_ref), config
 
 
 @gpu

@@ -44,6 +44,8 @@
 #include "cutlass/numeric_types.h"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "pipelined_promotion.hpp"
+
 // ------------------------------------------------------------------------------------------------
 // The exported API: one table, mirrored by trainer/fp8/cutlass_gemm.py (_API), which compares it
 // with purokit_fp8_abi() (the same table, stringified here) when it loads the library.
@@ -81,7 +83,9 @@
 // The config table: index, kind, name, mainloop schedule, tile M/N/K, cluster M/N, tile scheduler.
 // Schedules: Coop = two consumer warpgroups sharing one tile (each owns half its rows);
 // Pingpong = two consumer warpgroups on alternate tiles, so one's promotion FMAs and epilogue
-// overlap the other's WGMMAs. The blockwise mainloop takes tile M 128 or 256 and K = 128.
+// overlap the other's WGMMAs; CoopPipelined = Coop whose warpgroups each run one k-block ahead of
+// their promotion (pipelined_promotion.hpp: tile 128 x 128 only). The blockwise mainloop takes tile
+// M 128 or 256 and K = 128.
 // Tile schedulers: Persistent (data-parallel tiles, CTA swizzle) or StreamK (cooperative only:
 // splits the long K of Wgrad over CTAs where the tile count leaves SMs idle in the last wave).
 // A cluster of 2 along M multicasts the B tile (the weight, or x^T in Wgrad) to both CTAs, one of
@@ -102,7 +106,12 @@
   X(11, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                      \
   X(12, 0, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                      \
   X(13, 0, "coop_256x128_c1x2", Coop, 256, 128, 128, 1, 2, Persistent)                      \
-  X(14, 1, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)
+  X(14, 1, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                      \
+  X(15, 0, "pipelined_128x128_c1x1", CoopPipelined, 128, 128, 128, 1, 1, Persistent)        \
+  X(16, 0, "pipelined_128x128_c2x1", CoopPipelined, 128, 128, 128, 2, 1, Persistent)        \
+  X(17, 0, "pipelined_128x128_c1x2", CoopPipelined, 128, 128, 128, 1, 2, Persistent)        \
+  X(18, 1, "pipelined_128x128_c1x1", CoopPipelined, 128, 128, 128, 1, 1, Persistent)        \
+  X(19, 1, "pipelined_128x128_c2x1", CoopPipelined, 128, 128, 128, 2, 1, Persistent)
 
 namespace purokit_fp8 {
 
@@ -130,10 +139,15 @@ struct Problem {
 struct Coop {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  static constexpr bool kPipelinedPromotion = false;
+};
+struct CoopPipelined : Coop {
+  static constexpr bool kPipelinedPromotion = true;
 };
 struct Pingpong {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+  static constexpr bool kPipelinedPromotion = false;
 };
 
 using Persistent = cutlass::gemm::PersistentScheduler;
@@ -196,12 +210,14 @@ struct BlockwiseGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, LayoutCD, AlignmentC, ElementD,
       LayoutCD, AlignmentD, typename Schedule::Epilogue, Fusion>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA, LayoutSFA>, AlignmentAB,
       ElementB, cute::tuple<LayoutB, LayoutSFB>, AlignmentAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Schedule::Mainloop>::CollectiveOp;
+  using CollectiveMainloop = cute::conditional_t<Schedule::kPipelinedPromotion,
+                                                 PipelinedPromotionMma<BuiltMainloop>, BuiltMainloop>;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, TileScheduler>;

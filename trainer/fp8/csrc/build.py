@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("blockwise_gemm.cu")
+# the headers beside it that the source includes (part of every object's cache key)
+HEADERS = ("pipelined_promotion.hpp",)
 LIB_NAME = "libpurokit_fp8_gemm.so"
 FLAGS = (
     "-gencode", "arch=compute_90a,code=sm_90a",
@@ -55,13 +57,14 @@ def config_rows(source: str) -> list[tuple[int, str]]:
 _COMMENT_LINE = re.compile(r"^[ \t]*//.*\n", re.M)
 
 
-def object_key(source: str, config: int, row: str, nvcc_version: str, cutlass_version: str) -> str:
-    """A config's object depends on the source outside the table, its own row and the tools: adding
-    a row to the table rebuilds only that row's object (and the API object, which holds the table),
-    and editing a whole-line comment rebuilds nothing."""
+def object_key(source: str, config: int, row: str, nvcc_version: str, cutlass_version: str,
+               headers: str = "") -> str:
+    """A config's object depends on the source outside the table, its own row, the headers beside it
+    and the tools: adding a row to the table rebuilds only that row's object (and the API object,
+    which holds the table), and editing a whole-line comment rebuilds nothing."""
     table = _TABLE.search(source)
     rest = source[: table.start()] + source[table.end():] if table else source
-    rest = _COMMENT_LINE.sub("", rest)
+    rest = _COMMENT_LINE.sub("", rest + headers)
     h = hashlib.sha256()
     for part in (rest, row if config >= 0 else table.group(0), nvcc_version, cutlass_version, " ".join(FLAGS)):
         h.update(part.encode())
@@ -128,13 +131,14 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
     nvcc_version = subprocess.run([nvcc_path, "--version"], capture_output=True, text=True, check=True).stdout
     cversion = cutlass_version(root)
     source = SOURCE.read_text()
+    headers = "".join(SOURCE.with_name(h).read_text() for h in HEADERS)
     rows = config_rows(source)
     wanted = [(i, r) for i, r in rows if only is None or i in only]
     objdir = out / "obj"
     objdir.mkdir(parents=True, exist_ok=True)
     todo, objects = [], []
     for config, row in [(-1, "")] + wanted:
-        key = object_key(source, config, row, nvcc_version, cversion)
+        key = object_key(source, config, row, nvcc_version, cversion, headers)
         obj = objdir / f"cfg{config}-{key}.o"
         objects.append(obj)
         if not obj.exists():
