@@ -240,6 +240,45 @@ def quant_sweep(m: int = 32768) -> dict:
     return {"launch": rows, "unfused_ms": unfused}
 
 
+def _differing(a, b) -> float:
+    """Fraction of elements (codes or scales) that differ between two quantizer outputs."""
+    n = d = 0
+    for x, y in zip(a, b):
+        x = x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
+        y = y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y
+        n += x.numel()
+        d += int((x != y).sum())
+    return d / max(n, 1)
+
+
+def quant_impls(m: int = 32768) -> list[dict]:
+    """The three activation ops on Triton's kernels and on the CUDA kernels (csrc/quantize.cu), at the
+    1.7B shapes: ms, GB/s of each kernel's own DRAM traffic, and the fraction of outputs that differ
+    (0 for quant_act, which is bit-exact; the SwiGLU kernels differ in the fast sigmoid's last bits)."""
+    rows = []
+
+    def both(name, fn, nbytes, **labels):
+        got = {impl: fn(impl) for impl in ("triton", "cuda")}
+        r = {"kernel": name, **labels, "differing": _differing(got["triton"], got["cuda"])}
+        for impl in ("triton", "cuda"):
+            t = bench_ms(lambda: fn(impl))
+            r[f"{impl}_ms"], r[f"{impl}_GBps"] = t, nbytes / t / 1e6
+        r["speedup"] = r["triton_ms"] / r["cuda_ms"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    for k in (2048, 4096, 6144):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        both("act", lambda impl: quant_act(x, True, True, True, impl=impl), x.numel() * (2 + 2 + 8 / 128), M=m, K=k)
+    f = 6144
+    gu = torch.randn(m, 2 * f, device="cuda", dtype=torch.bfloat16)
+    dh = torch.randn(m, f, device="cuda", dtype=torch.bfloat16)
+    both("swiglu", lambda impl: swiglu_quant(gu, True, True, impl=impl), m * f * (4 + 2 + 8 / 128), M=m, F=f)
+    both("swiglu_bwd", lambda impl: swiglu_bwd_quant(gu, dh, True, True, True, impl=impl),
+         m * f * (6 + 4 + 16 / 128), M=m, F=f)
+    return rows
+
+
 def _row(r: dict, columns: list[tuple[str, str]]) -> str:
     """One markdown table row: each (key, format) cell of `r`, '–' where the key is missing."""
     return "| " + " | ".join(fmt.format(r[key]) if key in r else "–" for key, fmt in columns) + " |"
@@ -275,11 +314,17 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--m", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--no-step", action="store_true", help="skip the forward+backward timings")
+    ap.add_argument("--quant-impls", action="store_true",
+                    help="only the activation quantizers, Triton against CUDA (fp8_quant_impls.json)")
     ap.add_argument("--quant-sweep", action="store_true",
                     help="only the quantizers' launch settings and the fused SwiGLU quantizers (fp8_quant_sweep.json)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.quant_impls:
+        result = {"device": device_info(), "impls": quant_impls()}
+        (out / "fp8_quant_impls.json").write_text(json.dumps(result, indent=1))
+        return
     if args.quant_sweep:
         result = {"device": device_info(), **quant_sweep()}
         (out / "fp8_quant_sweep.json").write_text(json.dumps(result, indent=1))

@@ -142,6 +142,18 @@ def _best(gemm_role, mnk, speedup, relerr, config="coop_256x128_c2x1"):
             "swizzle": 8, "relerr_vs_cublas": relerr}
 
 
+def test_quantizer_impl_choice_is_checked_and_explains_a_refusal():
+    from trainer.fp8 import triton_kernels as tk
+
+    x = torch.zeros(128, 256, dtype=torch.bfloat16)
+    assert tk._use_cuda("triton", x) is False
+    assert tk._use_cuda("auto", x) is False  # a CPU tensor: the Triton kernels (or none) take it
+    with pytest.raises(ValueError, match="expected one of"):
+        tk._use_cuda("cutlass", x)
+    with pytest.raises(RuntimeError, match="cannot take"):
+        tk._use_cuda("cuda", x)
+
+
 def test_gemm_table_takes_cutlass_only_where_faster_and_in_agreement(tmp_path):
     record = {"device": {"gpu": "NVIDIA H200", "date_utc": "2026-12-01 19:59"}, "best": [
         _best("fprop", (32768, 4096, 2048), 0.93, 0.0),

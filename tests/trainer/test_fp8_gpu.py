@@ -1,5 +1,6 @@
-"""Blockwise FP8 on CUDA: Triton quantizers bit-exact against the torch reference, cuBLAS GEMMs
-against the emulation, torch.compile. Marked `gpu`; skipped cleanly without CUDA (`make test-gpu`)."""
+"""Blockwise FP8 on CUDA: the fused quantizers (Triton, and the CUDA kernels of csrc/quantize.cu)
+bit-exact against the torch reference, cuBLAS GEMMs against the emulation, torch.compile. Marked `gpu`;
+skipped cleanly without CUDA (`make test-gpu`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.fp8 import Fp8Linear, Fp8Recipe, convert_to_fp8, fp8_linear, probe_scaled_mm, quantize_1x128, quantize_128x128
+from trainer.fp8 import cutlass_gemm
 from trainer.fp8.gemm import emulated_dgrad, emulated_fprop, emulated_wgrad
 from trainer.fp8.triton_kernels import quant_act, quant_weight, swiglu_bwd_quant, swiglu_quant, triton_available
 
@@ -25,6 +27,8 @@ def _hopper() -> bool:
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="needs Triton")
 needs_blockwise = pytest.mark.skipif(not _hopper(), reason="blockwise cuBLAS FP8 needs SM90+")
+_CUDA_QUANT, _CUDA_QUANT_WHY = cutlass_gemm.available() if torch.cuda.is_available() else (False, "needs CUDA")
+IMPLS = ["triton", pytest.param("cuda", marks=pytest.mark.skipif(not _CUDA_QUANT, reason=_CUDA_QUANT_WHY))]
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -50,14 +54,22 @@ def _same_bytes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m", [4096, 1000, 128])
 @pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_triton_act_quant_is_bit_exact(m, scale_format, dtype):
+def test_act_quant_is_bit_exact(impl, m, scale_format, dtype):
+    if impl == "cuda" and dtype != torch.bfloat16:
+        pytest.skip("the CUDA quantizers take BF16 activations")
     k = 768
     x = _spread(m, k, seed=m, dtype=dtype)
+    if impl == "cuda":  # rows further apart than K (a column slice of a wider tensor), read in place
+        wide = torch.zeros(m, k + 256, device="cuda", dtype=dtype)
+        wide[:, 128:128 + k] = x
+        x = wide[:, 128:128 + k]
+        assert x.stride() == (k + 256, 1)
     pow2 = scale_format == "pow2"
-    q, s, qt, st = quant_act(x, pow2, True, True)
+    q, s, qt, st = quant_act(x, pow2, True, True, impl=impl)
     rq, rs = quantize_1x128(x, scale_format)
     _same_bytes("scale", s, rs)
     _same_bytes("q", q, rq)
@@ -171,10 +183,11 @@ def _nearly_same_quantization(name, got, x, pow2):
 
 
 @needs_triton
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m", [4096, 1000])
 @pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_triton_swiglu_quant_equals_float32_torch_then_quant(m, scale_format, direction):
+def test_swiglu_quant_equals_float32_torch_then_quant(impl, m, scale_format, direction):
     """The fused kernels quantize what float32 torch computes from the BF16 gate-up output: h = silu(gate)
     * up (forward), and its autograd d[gate | up] given dh (backward; rows-only gives the same row copy)."""
     f = 768
@@ -184,13 +197,13 @@ def test_triton_swiglu_quant_equals_float32_torch_then_quant(m, scale_format, di
     h = F.silu(gate) * up
     pow2 = scale_format == "pow2"
     if direction == "forward":
-        _nearly_same_quantization("swiglu", swiglu_quant(gu, pow2, True), h.detach(), pow2)
+        _nearly_same_quantization("swiglu", swiglu_quant(gu, pow2, True, impl=impl), h.detach(), pow2)
         return
     dh = _spread(m, f, seed=m + 3)
     h.backward(dh.float())
-    got = swiglu_bwd_quant(gu, dh, pow2, True, True)
+    got = swiglu_bwd_quant(gu, dh, pow2, True, True, impl=impl)
     _nearly_same_quantization("swiglu backward", got, g32.grad, pow2)
-    rows_only = swiglu_bwd_quant(gu, dh, pow2, True, False)
+    rows_only = swiglu_bwd_quant(gu, dh, pow2, True, False, impl=impl)
     _same_bytes("rows only: q", rows_only[0], got[0])
     assert rows_only[2].numel() == 0
 
@@ -208,7 +221,8 @@ def test_fused_fp8_swiglu_mlp_triton_matches_torch_quantizer_and_tracks_bf16():
     x = (torch.randn(4096, 2048, device="cuda")).to(torch.bfloat16)
     dy = torch.randn(4096, 2048, device="cuda").to(torch.bfloat16)
     results = {}
-    for name in ("bf16", "torch", "triton"):
+    names = ("bf16", "torch", "triton") + (("cuda",) if _CUDA_QUANT else ())
+    for name in names:
         mlp = MLP(cfg).cuda()
         mlp.load_state_dict(base.state_dict())
         if name != "bf16":
@@ -222,6 +236,9 @@ def test_fused_fp8_swiglu_mlp_triton_matches_torch_quantizer_and_tracks_bf16():
         assert _rel(a, b) < 5e-3
     for a, b in zip(results["triton"], results["bf16"]):
         assert _rel(a, b) < 0.1
+    if "cuda" in results:  # the CUDA kernels: the same quantization up to the fast sigmoid's last bits
+        for a, b in zip(results["cuda"], results["triton"]):
+            assert _rel(a, b) < 5e-3
 
 
 class _Tiny(nn.Module):

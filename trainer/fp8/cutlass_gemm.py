@@ -45,7 +45,7 @@ LIB_ENV = "PUROKIT_FP8_GEMM_LIB"
 LIB_NAME = "libpurokit_fp8_gemm.so"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).with_name("csrc") / "blockwise_gemm.cu"
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 KINDS = ("act_weight", "act_act", "act_act_bf16")
 RASTER = {"heuristic": 0, "m": 1, "n": 2}
@@ -72,11 +72,25 @@ _API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "void* d", "float beta", "int m", "int n", "int k", "int raster", "int swizzle", "void* workspace",
         "size_t workspace_size", "cudaStream_t stream",
     )),
+    ("int", "purokit_fp8_quant_act", (
+        "const void* x", "int m", "int k", "long ldx", "int pow2", "void* q", "float* s", "void* qt", "float* st",
+        "int m_pad", "cudaStream_t stream",
+    )),
+    ("int", "purokit_fp8_swiglu_quant", (
+        "const void* gu", "int m", "int f", "long ldg", "int pow2", "void* q", "float* s", "void* qt", "float* st",
+        "int m_pad", "cudaStream_t stream",
+    )),
+    ("int", "purokit_fp8_swiglu_bwd_quant", (
+        "const void* gu", "const void* dh", "int m", "int f", "long ldg", "long ldd", "int pow2", "void* q",
+        "float* s", "void* qt", "float* st", "int m_pad", "cudaStream_t stream",
+    )),
 )
 
 _CTYPES = {
     "void": None,
     "int": ctypes.c_int,
+    "long": ctypes.c_long,
+    "float*": ctypes.c_void_p,
     "float": ctypes.c_float,
     "size_t": ctypes.c_size_t,
     "size_t*": ctypes.POINTER(ctypes.c_size_t),
@@ -375,3 +389,50 @@ def wgrad(dytq, dyts, xtq, xts, config: str = DEFAULT_ACT_ACT, out: torch.Tensor
     """``dw (N, K) = dy^T (N, M) x (M, K)``, both quantized along the tokens M; with ``out`` the
     product is added into it (``out += dw``)."""
     return act_act(dytq, xtq, dyts, xts, config, out=out, out_dtype=out_dtype, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# The activation quantizers of csrc/quantize.cu (same library): outputs allocated by the caller
+# (trainer.fp8.triton_kernels' ops, which also hold the Triton implementation of the same contract)
+# ----------------------------------------------------------------------------------------------
+
+
+def quantizers_available(x: torch.Tensor) -> bool:
+    """Whether the CUDA quantizers can take ``x``: a BF16 tensor on an sm_90 GPU, with the library loaded."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and available(x.device)[0]
+
+
+def _quant_call(name: str, args: tuple, x: torch.Tensor, what: str) -> None:
+    lib = _require(x, ())
+    with torch.cuda.device(x.device):
+        status = getattr(lib.dll, name)(*args, torch.cuda.current_stream(x.device).cuda_stream)
+    if status:
+        raise RuntimeError(f"cuda fp8 {what}: {lib.status(status)} (status {status})")
+
+
+def quant_act_into(x: torch.Tensor, pow2: bool, q, s_store, qt, st_store) -> None:
+    """Quantize the (M, K) BF16 ``x`` into the row copy ``q``/``s_store`` and the transposed copy
+    ``qt``/``st_store`` (``None`` for a copy not wanted), laid out as ``triton_kernels._act_outputs``."""
+    m, k = x.shape
+    _quant_call("purokit_fp8_quant_act", (
+        _ptr(x), m, k, x.stride(0), int(pow2), _ptr(q), _ptr(s_store), _ptr(qt), _ptr(st_store),
+        qt.shape[1] if qt is not None else -(-m // GROUP) * GROUP,
+    ), x, f"quant_act of ({m}, {k})")
+
+
+def swiglu_quant_into(gu: torch.Tensor, pow2: bool, q, s_store, qt, st_store) -> None:
+    """``silu(gate) * up`` of the stacked (M, 2F) BF16 ``gu``, quantized as :func:`quant_act_into` quantizes."""
+    m, f = gu.shape[0], gu.shape[1] // 2
+    _quant_call("purokit_fp8_swiglu_quant", (
+        _ptr(gu), m, f, gu.stride(0), int(pow2), _ptr(q), _ptr(s_store), _ptr(qt), _ptr(st_store),
+        qt.shape[1] if qt is not None else -(-m // GROUP) * GROUP,
+    ), gu, f"swiglu_quant of ({m}, {2 * f})")
+
+
+def swiglu_bwd_quant_into(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, q, s_store, qt, st_store) -> None:
+    """``d[gate | up]`` of ``silu(gate) * up`` given ``dh`` (M, F), quantized as an (M, 2F) tensor."""
+    m, f = dh.shape
+    _quant_call("purokit_fp8_swiglu_bwd_quant", (
+        _ptr(gu), _ptr(dh), m, f, gu.stride(0), dh.stride(0), int(pow2), _ptr(q), _ptr(s_store), _ptr(qt),
+        _ptr(st_store), qt.shape[1] if qt is not None else -(-m // GROUP) * GROUP,
+    ), gu, f"swiglu_bwd_quant of ({m}, {2 * f})")

@@ -42,6 +42,9 @@ from trainer.fp8.triton_kernels import (
 )
 
 EMULATE = "emulate"
+FUSED = ("auto", "cuda", "triton")
+"""Resolved quantizers that run the fused kernels of :mod:`trainer.fp8.triton_kernels` (the value is the
+ops' ``impl``: CUDA where it can run, or one forced); the other one is ``torch`` (plain ops)."""
 SCALED_MM = "cuda-scaled-mm"
 _NO_STEP = (None, None, None)   # no step copy of a weight: quantize it where it is used
 
@@ -80,7 +83,7 @@ def _resolve(backend_pref: str, quantizer_pref: str, x: torch.Tensor, weight: to
         # Triton whenever it is there, compiled or not: the torch-op quantizer traced by Inductor is
         # correct but took > 230 s to compile for the 1.7B preset on the H200 (Triton custom ops: one
         # graph, no breaks, compile time as BF16); see benchmarks/RESULTS.md
-        quantizer = "triton" if triton_available() else "torch"
+        quantizer = "auto" if triton_available() else "torch"
     return SCALED_MM, quantizer
 
 
@@ -106,8 +109,8 @@ def _pad_rows(x2: torch.Tensor) -> torch.Tensor:
 def _quant_act(x2: torch.Tensor, scale_format: str, quantizer: str, backend: str, rows: bool, transposed: bool):
     """(q, s, qt, st): row copy with groups along the columns, and the transposed copy with groups
     along the rows (tokens). Missing copies are None."""
-    if quantizer == "triton":
-        q, s, qt, st = quant_act(x2, scale_format == "pow2", rows, transposed)
+    if quantizer in FUSED:
+        q, s, qt, st = quant_act(x2, scale_format == "pow2", rows, transposed, impl=quantizer)
         return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
     row = quantize_1x128(x2, scale_format) if rows else (None, None)
     if transposed:
@@ -127,7 +130,7 @@ def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backe
     if step[0] is not None:
         wq, ws, wtq = step
         return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
-    if quantizer == "triton":
+    if quantizer in FUSED:  # weights (float32 masters): the Triton kernel
         wq, wtq, ws = quant_weight(weight, scale_format == "pow2", transposed and backend == SCALED_MM)
         return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
     wq, ws = quantize_128x128(weight, scale_format)
@@ -210,8 +213,8 @@ def _swiglu_quant(gu, scale_format, quantizer, backend, transposed):
     """The down projection's quantized input ``h = silu(gate) * up`` from the stacked gate-up output
     ``gu`` (M, 2F), computed in float32 and rounded once, by the quantization (as Inductor's fused
     SwiGLU): one Triton pass that never writes ``h``, or torch ops then :func:`_quant_act`."""
-    if quantizer == "triton":
-        q, s, qt, st = swiglu_quant(gu, scale_format == "pow2", transposed)
+    if quantizer in FUSED:
+        q, s, qt, st = swiglu_quant(gu, scale_format == "pow2", transposed, impl=quantizer)
         return (q, s), (qt, st) if transposed else (None, None)
     gate, up = gu.float().chunk(2, dim=-1)
     return _quant_act(F.silu(gate) * up, scale_format, quantizer, backend, rows=True, transposed=transposed)
@@ -220,8 +223,8 @@ def _swiglu_quant(gu, scale_format, quantizer, backend, transposed):
 def _swiglu_bwd_quant(gu, dh, scale_format, quantizer, backend, rows, transposed):
     """The quantized output gradient of the stacked gate-up linear, ``d[gate | up]`` of
     ``h = silu(gate) * up`` given ``dh``, in float32 (autograd's formulas), rounded once by the quantization."""
-    if quantizer == "triton":
-        q, s, qt, st = swiglu_bwd_quant(gu, dh, scale_format == "pow2", rows, transposed)
+    if quantizer in FUSED:
+        q, s, qt, st = swiglu_bwd_quant(gu, dh, scale_format == "pow2", rows, transposed, impl=quantizer)
         return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
     gate, up = gu.float().chunk(2, dim=-1)
     dh = dh.float()

@@ -13,10 +13,12 @@ What is configurable:
   ``BlockWise1x128`` / ``BlockWise128x128`` scaling (cuBLAS on Hopper); ``emulate`` quantizes exactly
   the same way, dequantizes and multiplies in FP32 (any device; what CI tests); ``auto`` picks
   ``cuda-scaled-mm`` for CUDA tensors when the device passes a one-time probe, else ``emulate``.
-- ``quantizer``: ``triton`` (fused kernels: one read of a 128x128 tile writes both the row-quantized
-  copy and the transposed column-quantized copy that Wgrad needs), ``torch`` (the same math in plain
-  torch ops, which ``torch.compile`` fuses into the neighbouring ops and de-duplicates across q/k/v),
-  or ``auto`` (``triton`` on CUDA when Triton is importable, else ``torch``).
+- ``quantizer``: the fused kernels, in which one read of a 128x128 tile writes both the row-quantized
+  copy and the transposed column-quantized copy that Wgrad needs: ``cuda`` (``trainer/fp8/csrc/quantize.cu``,
+  built into the GEMM library; BF16 activations) or ``triton``; ``torch`` (the same math in plain torch
+  ops, which ``torch.compile`` fuses into the neighbouring ops and de-duplicates across q/k/v); or
+  ``auto`` (default: per call, ``cuda`` where it takes the input, else ``triton``; ``torch`` when Triton
+  is not importable). Weights are quantized by the Triton kernel for all three fused settings.
 - ``gemm``: which library runs the blockwise GEMMs on the CUDA backend: ``cublas`` (``F.scaled_mm``),
   ``cutlass`` (the Hopper kernels of ``trainer/fp8/csrc``, built ahead: :mod:`trainer.fp8.cutlass_gemm`),
   or ``auto`` (default): per GEMM shape, what the measured table ``trainer/fp8/gemm_table.json`` says is
@@ -45,7 +47,7 @@ DEFAULT_EXCLUDE = (r"(^|\.)lm_head$", r"(^|\.)output$", r"(^|\.)head$")
 
 ScaleFormat = Literal["pow2", "fp32"]
 Backend = Literal["auto", "cuda-scaled-mm", "emulate"]
-Quantizer = Literal["auto", "triton", "torch"]
+Quantizer = Literal["auto", "cuda", "triton", "torch"]
 Gemm = Literal["auto", "cublas", "cutlass"]
 
 

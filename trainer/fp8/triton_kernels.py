@@ -1,7 +1,12 @@
-"""Triton quantization kernels for the CUDA path (Hopper), registered as torch custom ops.
+"""Quantization kernels for the CUDA path (Hopper), registered as torch custom ops.
 
-Four kernels, all bandwidth-bound, all computing scales as :mod:`trainer.fp8.quantize` does
-(``quant_act`` and ``quant_weight`` bit-identical to it; the GPU tests check that):
+Four ops, all bandwidth-bound, all computing scales as :mod:`trainer.fp8.quantize` does
+(``quant_act`` and ``quant_weight`` bit-identical to it; the GPU tests check that). The three
+activation ops have two implementations of the same contract, chosen per call by their ``impl``
+argument: the Triton kernels below, and the CUDA kernels of ``csrc/quantize.cu`` (in the library
+:mod:`trainer.fp8.cutlass_gemm` loads), which hold a tile in registers and read it from DRAM once
+instead of twice. ``impl="auto"`` takes CUDA where it can run (a BF16 input, 16-byte aligned, on an
+sm_90 GPU with the library loaded) and Triton otherwise; ``"cuda"`` and ``"triton"`` force one.
 
 - ``quant_act``: one program quantizes one 128x128 tile of a token-major activation or gradient
   (M, K) into (a) the row copy ``q`` (M, K) with one scale per 1x128 group along K (Fprop's A operand,
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from trainer.fp8 import cutlass_gemm
 from trainer.fp8.quantize import FP8_DTYPE, ceil_div
 from trainer.fp8.recipe import GROUP
 
@@ -233,16 +239,41 @@ def _grid(m: int, k: int) -> tuple[int, int]:
     return ceil_div(m, GROUP), k // GROUP
 
 
+IMPLS = ("auto", "cuda", "triton")
+
+
+def _use_cuda(impl: str, *inputs: torch.Tensor) -> bool:
+    """Whether an activation op runs on the CUDA kernels (csrc/quantize.cu) rather than Triton's."""
+    if impl not in IMPLS:
+        raise ValueError(f"quantizer impl {impl!r}: expected one of {IMPLS}")
+    if impl == "triton":
+        return False
+    ok = all(cutlass_gemm.quantizers_available(t) and t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 for t in inputs)
+    if impl == "cuda" and not ok:
+        why = cutlass_gemm.available(inputs[0].device)[1] if inputs[0].is_cuda else "not a CUDA tensor"
+        raise RuntimeError(f"the CUDA quantizers cannot take {[(t.dtype, t.data_ptr() % 16, t.stride(0)) for t in inputs]} "
+                           f"(BF16, 16-byte aligned rows needed; library: {why})")
+    return ok
+
+
+def _wanted(out, write_row: bool, write_t: bool):
+    q, s, qt, st = out
+    return (q, s) if write_row else (None, None), (qt, st) if write_t else (None, None)
+
+
 @torch.library.custom_op(f"{_NS}::quant_act", mutates_args=())
 def _quant_act_op(
-    x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool
+    x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     m, k = x.shape
     _check_k("quant_act", k)
     if x.stride(1) != 1:
         x = x.contiguous()
     out = _act_outputs(x, m, k, write_row, write_t)
-    if m > 0 and (write_row or write_t):
+    if m > 0 and (write_row or write_t) and _use_cuda(impl, x):
+        (q, s), (qt, st) = _wanted(out, write_row, write_t)
+        cutlass_gemm.quant_act_into(x, pow2, q, s, qt, st)
+    elif m > 0 and (write_row or write_t):
         _require_triton()
         part, warps = LAUNCH["act"]
         _act_kernel[_grid(m, k)](
@@ -253,7 +284,7 @@ def _quant_act_op(
 
 
 @_quant_act_op.register_fake
-def _(x, pow2, write_row, write_t):
+def _(x, pow2, write_row, write_t, impl):
     return _act_outputs(x, *x.shape, write_row, write_t)
 
 
@@ -263,7 +294,7 @@ def _views(out):
 
 
 def quant_act(
-    x: torch.Tensor, pow2: bool, write_row: bool = True, write_t: bool = True
+    x: torch.Tensor, pow2: bool, write_row: bool = True, write_t: bool = True, impl: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Row and transposed blockwise quantization of a 2-D (M, K) CUDA tensor in one pass.
 
@@ -271,7 +302,7 @@ def quant_act(
     column-major; outputs not asked for are empty tensors. The op returns the scale storages
     (contiguous); the transposed views are taken here, outside the op.
     """
-    return _views(_quant_act_op(x, pow2, write_row, write_t))
+    return _views(_quant_act_op(x, pow2, write_row, write_t, impl))
 
 
 def _check_gate_up(name: str, gu: torch.Tensor) -> int:
@@ -283,14 +314,17 @@ def _check_gate_up(name: str, gu: torch.Tensor) -> int:
 
 @torch.library.custom_op(f"{_NS}::swiglu_quant", mutates_args=())
 def _swiglu_quant_op(
-    gu: torch.Tensor, pow2: bool, write_t: bool
+    gu: torch.Tensor, pow2: bool, write_t: bool, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     m = gu.shape[0]
     f = _check_gate_up("swiglu_quant", gu)
     if gu.stride(1) != 1:
         gu = gu.contiguous()
     out = _act_outputs(gu, m, f, True, write_t)
-    if m > 0:
+    if m > 0 and _use_cuda(impl, gu):
+        (q, s), (qt, st) = _wanted(out, True, write_t)
+        cutlass_gemm.swiglu_quant_into(gu, pow2, q, s, qt, st)
+    elif m > 0:
         _require_triton()
         part, warps = LAUNCH["swiglu"]
         _swiglu_kernel[_grid(m, f)](
@@ -301,19 +335,19 @@ def _swiglu_quant_op(
 
 
 @_swiglu_quant_op.register_fake
-def _(gu, pow2, write_t):
+def _(gu, pow2, write_t, impl):
     return _act_outputs(gu, gu.shape[0], gu.shape[1] // 2, True, write_t)
 
 
-def swiglu_quant(gu: torch.Tensor, pow2: bool, write_t: bool = True):
+def swiglu_quant(gu: torch.Tensor, pow2: bool, write_t: bool = True, impl: str = "auto"):
     """``h = silu(gate) * up`` of the stacked (M, 2F) gate-up output ``gu = [gate | up]``, quantized as
     :func:`quant_act` quantizes ``h`` (M, F); ``h`` itself is never written."""
-    return _views(_swiglu_quant_op(gu, pow2, write_t))
+    return _views(_swiglu_quant_op(gu, pow2, write_t, impl))
 
 
 @torch.library.custom_op(f"{_NS}::swiglu_bwd_quant", mutates_args=())
 def _swiglu_bwd_quant_op(
-    gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool, write_t: bool
+    gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool, write_t: bool, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     m = gu.shape[0]
     f = _check_gate_up("swiglu_bwd_quant", gu)
@@ -322,7 +356,10 @@ def _swiglu_bwd_quant_op(
     gu = gu if gu.stride(1) == 1 else gu.contiguous()
     dh = dh if dh.stride(1) == 1 else dh.contiguous()
     out = _act_outputs(gu, m, 2 * f, write_row, write_t)
-    if m > 0 and (write_row or write_t):
+    if m > 0 and (write_row or write_t) and _use_cuda(impl, gu, dh):
+        (q, s), (qt, st) = _wanted(out, write_row, write_t)
+        cutlass_gemm.swiglu_bwd_quant_into(gu, dh, pow2, q, s, qt, st)
+    elif m > 0 and (write_row or write_t):
         _require_triton()
         part, warps = LAUNCH["swiglu_bwd"]
         _swiglu_bwd_kernel[_grid(m, f)](
@@ -333,15 +370,16 @@ def _swiglu_bwd_quant_op(
 
 
 @_swiglu_bwd_quant_op.register_fake
-def _(gu, dh, pow2, write_row, write_t):
+def _(gu, dh, pow2, write_row, write_t, impl):
     return _act_outputs(gu, gu.shape[0], gu.shape[1], write_row, write_t)
 
 
-def swiglu_bwd_quant(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool = True, write_t: bool = True):
+def swiglu_bwd_quant(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool = True, write_t: bool = True,
+                     impl: str = "auto"):
     """The gradient of ``h = silu(gate) * up`` w.r.t. the stacked ``gu = [gate | up]`` (M, 2F), given
     ``dh`` (M, F), quantized as :func:`quant_act` quantizes it: the output gradient of the stacked
     gate-up linear, whose BF16 form is never written."""
-    return _views(_swiglu_bwd_quant_op(gu, dh, pow2, write_row, write_t))
+    return _views(_swiglu_bwd_quant_op(gu, dh, pow2, write_row, write_t, impl))
 
 
 @torch.library.custom_op(f"{_NS}::quant_weight", mutates_args=())

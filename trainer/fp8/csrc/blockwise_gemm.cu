@@ -1,5 +1,6 @@
 // Blockwise-FP8 GEMMs for Hopper (sm_90a) on CUTLASS's warp-specialized FP8 blockwise mainloop
-// (`KernelTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise`), exported as a plain C library.
+// (`KernelTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise`), exported as a plain C library
+// together with the activation quantizers of quantize.cu (the purokit_fp8_*quant* entry points).
 //
 // No torch headers and no pybind: the library is loaded with ctypes (trainer/fp8/cutlass_gemm.py), so
 // it does not depend on torch's C++ ABI. Every entry point takes raw device pointers, sizes, a
@@ -51,7 +52,7 @@
 // with purokit_fp8_abi() (the same table, stringified here) when it loads the library.
 // ------------------------------------------------------------------------------------------------
 
-#define PUROKIT_FP8_ABI_VERSION 2
+#define PUROKIT_FP8_ABI_VERSION 3
 
 #define PUROKIT_FP8_API(X)                                                                          \
   X(int, purokit_fp8_abi_version, (void))                                                           \
@@ -69,7 +70,16 @@
   X(int, purokit_fp8_act_act,                                                                       \
     (int config, const void* a, const void* b, const float* sa, const float* sb, const float* c,   \
      void* d, float beta, int m, int n, int k, int raster, int swizzle, void* workspace,            \
-     size_t workspace_size, cudaStream_t stream))
+     size_t workspace_size, cudaStream_t stream))                                                   \
+  X(int, purokit_fp8_quant_act,                                                                     \
+    (const void* x, int m, int k, long ldx, int pow2, void* q, float* s, void* qt, float* st,        \
+     int m_pad, cudaStream_t stream))                                                               \
+  X(int, purokit_fp8_swiglu_quant,                                                                  \
+    (const void* gu, int m, int f, long ldg, int pow2, void* q, float* s, void* qt, float* st,       \
+     int m_pad, cudaStream_t stream))                                                               \
+  X(int, purokit_fp8_swiglu_bwd_quant,                                                              \
+    (const void* gu, const void* dh, int m, int f, long ldg, long ldd, int pow2, void* q, float* s, \
+     void* qt, float* st, int m_pad, cudaStream_t stream))
 
 // Statuses past CUTLASS's own (cutlass::Status, 1..11)
 #define PUROKIT_FP8_BAD_CONFIG 100   // no config of that index, or of another kind

@@ -31,6 +31,9 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("blockwise_gemm.cu")
 # the headers beside it that the source includes (part of every object's cache key)
 HEADERS = ("pipelined_promotion.hpp",)
+# the activation quantizers (no CUTLASS): one more object of the library
+QUANT_SOURCE = Path(__file__).with_name("quantize.cu")
+QUANT = -2  # its "config" index in the build's work list
 LIB_NAME = "libpurokit_fp8_gemm.so"
 FLAGS = (
     "-gencode", "arch=compute_90a,code=sm_90a",
@@ -109,12 +112,22 @@ def cutlass_version(root: Path) -> str:
     return ".".join(p.group(1) if p else "?" for p in parts)
 
 
+def quant_key(source: str, nvcc_version: str) -> str:
+    """The quantizer object depends on its source, nvcc and the flags only."""
+    h = hashlib.sha256()
+    for part in (source, nvcc_version, " ".join(FLAGS)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
 def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path) -> tuple[int, float]:
-    cmd = [
-        nvcc, *FLAGS, *DIAGNOSTICS,
-        f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools/util/include'}",
-        f"-DPUROKIT_FP8_CONFIG={config}", "-c", str(SOURCE), "-o", str(obj) + ".tmp",
-    ]
+    if config == QUANT:
+        what = ["-c", str(QUANT_SOURCE)]
+    else:
+        what = [f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools/util/include'}",
+                f"-DPUROKIT_FP8_CONFIG={config}", "-c", str(SOURCE)]
+    cmd = [nvcc, *FLAGS, *DIAGNOSTICS, *what, "-o", str(obj) + ".tmp"]
     t0 = time.monotonic()
     with open(log, "w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -143,6 +156,10 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
         objects.append(obj)
         if not obj.exists():
             todo.append((config, obj))
+    quant_obj = objdir / f"cfgquant-{quant_key(QUANT_SOURCE.read_text(), nvcc_version)}.o"
+    objects.append(quant_obj)
+    if not quant_obj.exists():
+        todo.append((QUANT, quant_obj))
     print(f"fp8 gemm build: nvcc {nvcc_path}, CUTLASS {cversion} at {root}; "
           f"{len(objects) - len(todo)} objects cached, {len(todo)} to compile, {jobs} at a time", flush=True)
     failed = []
@@ -151,7 +168,7 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
         for fut in concurrent.futures.as_completed(futures):
             config, obj = futures[fut]
             rc, secs = fut.result()
-            name = "api" if config < 0 else rows[config][1]
+            name = {-1: "api", QUANT: "quantizers"}.get(config) or rows[config][1]
             print(f"  [{'ok' if rc == 0 else 'FAILED'}] config {config} ({name}) in {secs:.0f} s", flush=True)
             if rc != 0:
                 failed.append(obj.with_suffix(".log"))
