@@ -82,12 +82,26 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* base, long ld, int ro
 
 __device__ __forceinline__ float fast_sigmoid(float g) { return __fdividef(1.f, 1.f + __expf(-g)); }
 
+// How a kernel is launched: rows a thread holds (threads = 16 * 128 / kRows), CTAs an SM should keep
+// (the register budget), and which tile index runs fastest through the grid.
+template <int kRows_, int kMinBlocks_, bool kKFastest_>
+struct Launch {
+  static constexpr int kRows = kRows_, kMinBlocks = kMinBlocks_;
+  static constexpr bool kKFastest = kKFastest_;
+  __device__ static int m_tile() { return kKFastest ? blockIdx.y : blockIdx.x; }
+  __device__ static int k_tile() { return kKFastest ? blockIdx.x : blockIdx.y; }
+  static dim3 grid(int m, int k) {
+    dim3 g((m + kTile - 1) / kTile, k / kTile);
+    return kKFastest ? dim3(g.y, g.x) : g;
+  }
+  static constexpr int threads() { return 16 * (kTile / kRows); }
+};
+
 // One CTA quantizes one 128 x 128 tile held as v[i][e] = tile[kRows * g + i][8 * c + e] by thread
 // (g, c) = (tid / 16, tid % 16).
 template <int kRows>
 struct Tile {
   static constexpr int kThreads = 16 * (kTile / kRows);
-  static constexpr int kMinBlocks = 2048 / kThreads / 4;  // CTAs an SM keeps: 2 of 256 threads, 1 of 512
   static constexpr int kWarps = kThreads / 32;
   struct Smem {
     alignas(16) uint8_t t[kTile * kTile];  // the transposed codes, slots swizzled
@@ -179,11 +193,11 @@ struct Tile {
   }
 };
 
-template <int kRows>
-__global__ void __launch_bounds__(Tile<kRows>::kThreads, Tile<kRows>::kMinBlocks)
+template <class L, int kRows = L::kRows>
+__global__ void __launch_bounds__(Tile<kRows>::kThreads, L::kMinBlocks)
 act_kernel(const __nv_bfloat16* __restrict__ x, long ldx, typename Tile<kRows>::Out o) {
   __shared__ typename Tile<kRows>::Smem sm;
-  const int m0 = blockIdx.x * kTile, k0 = blockIdx.y * kTile;
+  const int m0 = L::m_tile() * kTile, k0 = L::k_tile() * kTile;
   const int c = threadIdx.x % 16, g = threadIdx.x / 16;
   float v[kRows][8];
 #pragma unroll
@@ -192,11 +206,11 @@ act_kernel(const __nv_bfloat16* __restrict__ x, long ldx, typename Tile<kRows>::
 }
 
 // h = silu(gate) * up, gate = gu[:, :F], up = gu[:, F:]
-template <int kRows>
-__global__ void __launch_bounds__(Tile<kRows>::kThreads, Tile<kRows>::kMinBlocks)
+template <class L, int kRows = L::kRows>
+__global__ void __launch_bounds__(Tile<kRows>::kThreads, L::kMinBlocks)
 swiglu_kernel(const __nv_bfloat16* __restrict__ gu, long ldg, int F, typename Tile<kRows>::Out o) {
   __shared__ typename Tile<kRows>::Smem sm;
-  const int m0 = blockIdx.x * kTile, k0 = blockIdx.y * kTile;
+  const int m0 = L::m_tile() * kTile, k0 = L::k_tile() * kTile;
   const int c = threadIdx.x % 16, g = threadIdx.x / 16;
   float v[kRows][8];
 #pragma unroll
@@ -211,12 +225,12 @@ swiglu_kernel(const __nv_bfloat16* __restrict__ gu, long ldg, int F, typename Ti
 }
 
 // d(gate) = dh * up * sig * (1 + gate * (1 - sig)), d(up) = dh * gate * sig, as the (M, 2F) gradient
-template <int kRows>
-__global__ void __launch_bounds__(Tile<kRows>::kThreads, Tile<kRows>::kMinBlocks)
+template <class L, int kRows = L::kRows>
+__global__ void __launch_bounds__(Tile<kRows>::kThreads, L::kMinBlocks)
 swiglu_bwd_kernel(const __nv_bfloat16* __restrict__ gu, long ldg, const __nv_bfloat16* __restrict__ dh, long ldd,
                   int F, typename Tile<kRows>::Out o) {
   __shared__ typename Tile<kRows>::Smem sm;
-  const int m0 = blockIdx.x * kTile, k0 = blockIdx.y * kTile;
+  const int m0 = L::m_tile() * kTile, k0 = L::k_tile() * kTile;
   const int c = threadIdx.x % 16, g = threadIdx.x / 16;
   float dg[kRows][8], du[kRows][8];
 #pragma unroll
@@ -236,6 +250,11 @@ swiglu_bwd_kernel(const __nv_bfloat16* __restrict__ gu, long ldg, const __nv_bfl
   Tile<kRows>::quantize(dg, sm, o, m0, k0);
   Tile<kRows>::quantize(du, sm, o, m0, F + k0);
 }
+
+// the launch shapes (benchmarks/fp8_gemm.py --quant-impls times them; RESULTS.md)
+using ActLaunch = Launch<8, 2, false>;
+using SwigluLaunch = Launch<8, 2, false>;
+using SwigluBwdLaunch = Launch<4, 1, false>;
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -277,9 +296,9 @@ PUROKIT_QUANT_EXPORT int purokit_fp8_quant_act(const void* x, int m, int k, long
   if (!bad) bad = check_input(x, ldx, k);
   if (!bad) bad = check_outputs(q, s, qt, st);
   if (bad) return bad;
-  dim3 grid((m + kTile - 1) / kTile, k / kTile);
-  act_kernel<8><<<grid, Tile<8>::kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), ldx,
-                                                       outputs<8>(q, s, qt, st, m, m_pad, k, pow2));
+  using L = ActLaunch;
+  act_kernel<L><<<L::grid(m, k), L::threads(), 0, stream>>>(static_cast<const __nv_bfloat16*>(x), ldx,
+                                                           outputs<L::kRows>(q, s, qt, st, m, m_pad, k, pow2));
   return launched();
 }
 
@@ -290,9 +309,9 @@ PUROKIT_QUANT_EXPORT int purokit_fp8_swiglu_quant(const void* gu, int m, int f, 
   if (!bad) bad = check_input(gu, ldg, 2 * f);
   if (!bad) bad = q == nullptr ? PUROKIT_FP8_BAD_ARGUMENT : check_outputs(q, s, qt, st);
   if (bad) return bad;
-  dim3 grid((m + kTile - 1) / kTile, f / kTile);
-  swiglu_kernel<8><<<grid, Tile<8>::kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(gu), ldg, f,
-                                                          outputs<8>(q, s, qt, st, m, m_pad, f, pow2));
+  using L = SwigluLaunch;
+  swiglu_kernel<L><<<L::grid(m, f), L::threads(), 0, stream>>>(static_cast<const __nv_bfloat16*>(gu), ldg, f,
+                                                              outputs<L::kRows>(q, s, qt, st, m, m_pad, f, pow2));
   return launched();
 }
 
@@ -305,9 +324,57 @@ PUROKIT_QUANT_EXPORT int purokit_fp8_swiglu_bwd_quant(const void* gu, const void
   if (!bad) bad = check_input(dh, ldd, f);
   if (!bad) bad = check_outputs(q, s, qt, st);
   if (bad) return bad;
-  dim3 grid((m + kTile - 1) / kTile, f / kTile);
-  swiglu_bwd_kernel<4><<<grid, Tile<4>::kThreads, 0, stream>>>(
+  using L = SwigluBwdLaunch;
+  swiglu_bwd_kernel<L><<<L::grid(m, f), L::threads(), 0, stream>>>(
       static_cast<const __nv_bfloat16*>(gu), ldg, static_cast<const __nv_bfloat16*>(dh), ldd, f,
-      outputs<4>(q, s, qt, st, m, m_pad, 2 * f, pow2));
+      outputs<L::kRows>(q, s, qt, st, m, m_pad, 2 * f, pow2));
   return launched();
 }
+
+#ifdef PUROKIT_QUANT_VARIANTS
+// Benchmark-only entry points (not in the library's API): every launch shape below for each kernel,
+// selected by index, so that benchmarks/fp8_quant_launch.py can time them in one process. Built by that
+// script with -DPUROKIT_QUANT_VARIANTS into a separate small library.
+#define PUROKIT_QUANT_LAUNCHES(X) \
+  X(0, 8, 2, false)               \
+  X(1, 8, 2, true)                \
+  X(2, 8, 3, false)               \
+  X(3, 8, 3, true)                \
+  X(4, 4, 1, false)               \
+  X(5, 4, 2, false)               \
+  X(6, 4, 2, true)
+
+#define PUROKIT_QUANT_NAME(i, rows, blocks, kfast) "rows" #rows "_ctas" #blocks "_" #kfast,
+PUROKIT_QUANT_EXPORT const char* purokit_quant_launch_name(int v) {
+  static const char* names[] = {PUROKIT_QUANT_LAUNCHES(PUROKIT_QUANT_NAME)};
+  return v >= 0 && v < static_cast<int>(sizeof(names) / sizeof(names[0])) ? names[v] : nullptr;
+}
+
+#define PUROKIT_QUANT_CASE(i, rows, blocks, kfast)                                                      \
+  case i: {                                                                                            \
+    using L = Launch<rows, blocks, kfast>;                                                             \
+    auto o = outputs<rows>(q, s, qt, st, m, m_pad, kernel == 2 ? 2 * k : k, pow2);                       \
+    if (kernel == 0)                                                                                   \
+      act_kernel<L><<<L::grid(m, k), L::threads(), 0, stream>>>(static_cast<const __nv_bfloat16*>(in), \
+                                                               ld, o);                                 \
+    else if (kernel == 1)                                                                              \
+      swiglu_kernel<L><<<L::grid(m, k), L::threads(), 0, stream>>>(                                    \
+          static_cast<const __nv_bfloat16*>(in), ld, k, o);                                            \
+    else                                                                                               \
+      swiglu_bwd_kernel<L><<<L::grid(m, k), L::threads(), 0, stream>>>(                                \
+          static_cast<const __nv_bfloat16*>(in), ld, static_cast<const __nv_bfloat16*>(in2), ld2, k, o); \
+    return launched();                                                                                 \
+  }
+
+// kernel 0: quant_act of in (m, k); 1: swiglu_quant of in (m, 2k); 2: swiglu_bwd_quant of in (m, 2k), in2 (m, k).
+// No argument checks: the benchmark passes what the library's checked entry points would accept.
+PUROKIT_QUANT_EXPORT int purokit_quant_launch(int v, int kernel, const void* in, const void* in2, int m, int k,
+                                              long ld, long ld2, int pow2, void* q, float* s, void* qt, float* st,
+                                              int m_pad, cudaStream_t stream) {
+  switch (v) {
+    PUROKIT_QUANT_LAUNCHES(PUROKIT_QUANT_CASE)
+    default:
+      return PUROKIT_FP8_BAD_ARGUMENT;
+  }
+}
+#endif  // PUROKIT_QUANT_VARIANTS
