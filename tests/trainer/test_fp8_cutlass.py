@@ -148,6 +148,7 @@ def test_quantizer_impl_choice_is_checked_and_explains_a_refusal():
     x = torch.zeros(128, 256, dtype=torch.bfloat16)
     assert tk._use_cuda("triton", x) is False
     assert tk._use_cuda("auto", x) is False  # a CPU tensor: the Triton kernels (or none) take it
+    assert tk._use_cuda("auto", x, faster=False) is False
     with pytest.raises(ValueError, match="expected one of"):
         tk._use_cuda("cutlass", x)
     with pytest.raises(RuntimeError, match="cannot take"):
