@@ -2,11 +2,14 @@
 
 The kernels are CUTLASS's warp-specialized FP8 mainloops with blockwise scale promotion
 (``KernelTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise``): the pingpong schedule alternates
-two consumer warpgroups on different tiles, so one's per-128-K promotion FMAs overlap the other's
-WGMMAs (DeepGEMM's design; issue 16). The library is a plain C shared object built ahead of time
+two consumer warpgroups on different tiles; the ``pipelined_*`` configs replace the cooperative
+mainloop's ``mma()`` with ``csrc/pipelined_promotion.hpp``, whose warpgroups promote one k-tile while
+the next one's WGMMAs run (issue 16). The library is a plain C shared object built ahead of time
 (``python -m trainer.fp8.csrc.build --out .gpu_build``) with no torch headers, so it does not depend
 on torch's C++ ABI; this module finds it, checks that its exported signatures are the ones written
-here (:data:`_API` against ``purokit_fp8_abi()``), and wraps the calls as torch custom ops.
+here (:data:`_API` against ``purokit_fp8_abi()``), and wraps the calls as torch custom ops. The same
+library holds the CUDA activation quantizers (``csrc/quantize.cu``), which :mod:`trainer.fp8.triton_kernels`'
+ops call through :func:`quant_act_into` and its two SwiGLU siblings.
 
 Where the library is looked for: ``$PUROKIT_FP8_GEMM_LIB`` (a path to the .so; when set, only that),
 else ``.gpu_build/libpurokit_fp8_gemm.so`` under the repository root, else

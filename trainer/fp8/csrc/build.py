@@ -1,4 +1,5 @@
-"""Build ``libpurokit_fp8_gemm.so`` (the CUTLASS blockwise-FP8 GEMMs of ``blockwise_gemm.cu``) ahead of time.
+"""Build ``libpurokit_fp8_gemm.so`` (the CUTLASS blockwise-FP8 GEMMs of ``blockwise_gemm.cu`` and the
+activation quantizers of ``quantize.cu``) ahead of time.
 
 ::
 
@@ -8,7 +9,8 @@ Needs nvcc >= 12.4 with sm_90a support and a CUTLASS 4.x checkout (``$CUTLASS_DI
 holds ``include/cutlass`` and ``tools/util/include``; no CUTLASS build is needed, it is header-only
 here). nvcc is looked for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, and
 the ``nvidia-cuda-nvcc`` pip wheel. The source is compiled once per kernel config (one object each,
-``--jobs`` at a time: each takes ~2 min and ~4 GB of memory) plus once for the exported API, and linked
+``--jobs`` at a time: each takes ~1-2 min and ~4 GB of memory) plus once for the exported API, and
+``quantize.cu`` once (no CUTLASS, seconds); all are linked
 with a static CUDA runtime, so the library needs only the driver (``libcuda.so.1``) at run time and
 nothing of torch. Objects are cached under ``OUT/obj`` by a hash of what they are built from; the
 library is written to a temporary name and renamed, so a reader never sees a partial file.
