@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.fp8.quantize import colmajor
+from trainer.fp8.quantize import ceil_div, colmajor
 from trainer.fp8.recipe import GROUP
 
 LIB_ENV = "PUROKIT_FP8_GEMM_LIB"
@@ -405,10 +405,12 @@ def quantizers_available(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and available(x.device)[0]
 
 
-def _quant_call(name: str, args: tuple, x: torch.Tensor, what: str) -> None:
+def _quant_call(name: str, args: tuple, x: torch.Tensor, qt, what: str) -> None:
+    """One quantizer entry point: ``args`` and then the padded token count (``qt``'s width) and the stream."""
     lib = _require(x, ())
+    m_pad = qt.shape[1] if qt is not None else ceil_div(x.shape[0], GROUP) * GROUP
     with torch.cuda.device(x.device):
-        status = getattr(lib.dll, name)(*args, torch.cuda.current_stream(x.device).cuda_stream)
+        status = getattr(lib.dll, name)(*args, m_pad, torch.cuda.current_stream(x.device).cuda_stream)
     if status:
         raise RuntimeError(f"cuda fp8 {what}: {lib.status(status)} (status {status})")
 
@@ -419,8 +421,7 @@ def quant_act_into(x: torch.Tensor, pow2: bool, q, s_store, qt, st_store) -> Non
     m, k = x.shape
     _quant_call("purokit_fp8_quant_act", (
         _ptr(x), m, k, x.stride(0), int(pow2), _ptr(q), _ptr(s_store), _ptr(qt), _ptr(st_store),
-        qt.shape[1] if qt is not None else -(-m // GROUP) * GROUP,
-    ), x, f"quant_act of ({m}, {k})")
+    ), x, qt, f"quant_act of ({m}, {k})")
 
 
 def swiglu_quant_into(gu: torch.Tensor, pow2: bool, q, s_store, qt, st_store) -> None:
@@ -428,8 +429,7 @@ def swiglu_quant_into(gu: torch.Tensor, pow2: bool, q, s_store, qt, st_store) ->
     m, f = gu.shape[0], gu.shape[1] // 2
     _quant_call("purokit_fp8_swiglu_quant", (
         _ptr(gu), m, f, gu.stride(0), int(pow2), _ptr(q), _ptr(s_store), _ptr(qt), _ptr(st_store),
-        qt.shape[1] if qt is not None else -(-m // GROUP) * GROUP,
-    ), gu, f"swiglu_quant of ({m}, {2 * f})")
+    ), gu, qt, f"swiglu_quant of ({m}, {2 * f})")
 
 
 def swiglu_bwd_quant_into(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, q, s_store, qt, st_store) -> None:
@@ -437,5 +437,5 @@ def swiglu_bwd_quant_into(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, q, s_s
     m, f = dh.shape
     _quant_call("purokit_fp8_swiglu_bwd_quant", (
         _ptr(gu), _ptr(dh), m, f, gu.stride(0), dh.stride(0), int(pow2), _ptr(q), _ptr(s_store), _ptr(qt),
-        _ptr(st_store), qt.shape[1] if qt is not None else -(-m // GROUP) * GROUP,
-    ), gu, f"swiglu_bwd_quant of ({m}, {2 * f})")
+        _ptr(st_store),
+    ), gu, qt, f"swiglu_bwd_quant of ({m}, {2 * f})")

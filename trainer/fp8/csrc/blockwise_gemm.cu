@@ -46,6 +46,7 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "pipelined_promotion.hpp"
+#include "status.h"
 
 // ------------------------------------------------------------------------------------------------
 // The exported API: one table, mirrored by trainer/fp8/cutlass_gemm.py (_API), which compares it
@@ -81,14 +82,6 @@
     (const void* gu, const void* dh, int m, int f, long ldg, long ldd, int pow2, void* q, float* s, \
      void* qt, float* st, int m_pad, cudaStream_t stream))
 
-// Statuses past CUTLASS's own (cutlass::Status, 1..11)
-#define PUROKIT_FP8_BAD_CONFIG 100   // no config of that index, or of another kind
-#define PUROKIT_FP8_BAD_SHAPE 101    // M, N, K not positive multiples of 128
-#define PUROKIT_FP8_SMALL_WORKSPACE 102
-#define PUROKIT_FP8_CUDA_ERROR 103   // a CUDA runtime error (launch, attribute), see cudaGetLastError
-#define PUROKIT_FP8_EXCEPTION 104    // a C++ exception inside CUTLASS's host code
-#define PUROKIT_FP8_BAD_ARGUMENT 105 // null pointer, C with a bf16 output, bad raster/swizzle
-#define PUROKIT_FP8_MISALIGNED 106   // an operand, scale or output address not 16-byte aligned
 
 // The config table: index, kind, name, mainloop schedule, tile M/N/K, cluster M/N, tile scheduler.
 // Schedules: Coop = two consumer warpgroups sharing one tile (each owns half its rows);

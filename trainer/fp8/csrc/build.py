@@ -32,7 +32,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("blockwise_gemm.cu")
 # the headers beside it that the source includes (part of every object's cache key)
-HEADERS = ("pipelined_promotion.hpp",)
+HEADERS = ("pipelined_promotion.hpp", "status.h")
 # the activation quantizers (no CUTLASS): one more object of the library
 QUANT_SOURCE = Path(__file__).with_name("quantize.cu")
 QUANT = -2  # its "config" index in the build's work list
@@ -70,11 +70,7 @@ def object_key(source: str, config: int, row: str, nvcc_version: str, cutlass_ve
     table = _TABLE.search(source)
     rest = source[: table.start()] + source[table.end():] if table else source
     rest = _COMMENT_LINE.sub("", rest + headers)
-    h = hashlib.sha256()
-    for part in (rest, row if config >= 0 else table.group(0), nvcc_version, cutlass_version, " ".join(FLAGS)):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+    return _digest(rest, row if config >= 0 else table.group(0), nvcc_version, cutlass_version)
 
 
 def find_nvcc(explicit: str | None = None) -> str:
@@ -114,10 +110,15 @@ def cutlass_version(root: Path) -> str:
     return ".".join(p.group(1) if p else "?" for p in parts)
 
 
-def quant_key(source: str, nvcc_version: str) -> str:
-    """The quantizer object depends on its source, nvcc and the flags only."""
+def quant_key(source: str, nvcc_version: str, headers: str = "") -> str:
+    """The quantizer object depends on its source, the headers beside it, nvcc and the flags only."""
+    return _digest(source + headers, nvcc_version)
+
+
+def _digest(*parts: str) -> str:
+    """A cache key: the parts and the compile flags, hashed."""
     h = hashlib.sha256()
-    for part in (source, nvcc_version, " ".join(FLAGS)):
+    for part in (*parts, " ".join(FLAGS)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -158,7 +159,7 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
         objects.append(obj)
         if not obj.exists():
             todo.append((config, obj))
-    quant_obj = objdir / f"cfgquant-{quant_key(QUANT_SOURCE.read_text(), nvcc_version)}.o"
+    quant_obj = objdir / f"cfgquant-{quant_key(QUANT_SOURCE.read_text(), nvcc_version, headers)}.o"
     objects.append(quant_obj)
     if not quant_obj.exists():
         todo.append((QUANT, quant_obj))

@@ -172,9 +172,6 @@ struct PipelinedPromotionMma : Base {
       promote_previous(temp0);
     }
   }
-
-  // every stage was released inside mma()
-  CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
 };
 
 }  // namespace purokit_fp8

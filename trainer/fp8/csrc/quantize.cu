@@ -24,8 +24,7 @@
 // as the (M, 2F) output gradient of the stacked linear: neither h nor d[gate | up] is written in BF16.
 // Their sigmoid is the fast one (ex2.approx, approximate division), as Triton's and Inductor's are.
 //
-// Plain C entry points (status 0, or PUROKIT_FP8_CUDA_ERROR / PUROKIT_FP8_BAD_SHAPE /
-// PUROKIT_FP8_MISALIGNED as in blockwise_gemm.cu), declared in blockwise_gemm.cu's PUROKIT_FP8_API.
+// Plain C entry points (status 0, or one of status.h), declared in blockwise_gemm.cu's PUROKIT_FP8_API.
 
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -33,10 +32,7 @@
 
 #include <cstdint>
 
-#define PUROKIT_FP8_BAD_SHAPE 101
-#define PUROKIT_FP8_CUDA_ERROR 103
-#define PUROKIT_FP8_BAD_ARGUMENT 105
-#define PUROKIT_FP8_MISALIGNED 106
+#include "status.h"
 
 namespace purokit_quant {
 
