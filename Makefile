@@ -55,8 +55,9 @@ test-slow: setup vllm-env   # synth and trainer slow tests serve models with vLL
 test-gpu: setup
 	$(PY) -m pytest -m "gpu" $(PYTEST_ARGS)
 
-# the CUTLASS blockwise-FP8 GEMM library (trainer/fp8/csrc) for Hopper, built ahead: needs nvcc and
-# CUTLASS_DIR (a CUTLASS 4.x checkout); ~2 min and ~4 GB per kernel config and nvcc process
+# the blockwise-FP8 GEMM library (trainer/fp8/csrc) for Hopper, built ahead: needs nvcc and CUTLASS_DIR
+# (a CUTLASS 4.x checkout); DEEPGEMM_DIR (a DeepGEMM checkout) adds DeepGEMM's kernels as configs;
+# ~1 min and ~4 GB per CUTLASS config and nvcc process, ~15 s per DeepGEMM one
 .PHONY: fp8-gemm-lib
 FP8_BUILD_JOBS ?= 1
 fp8-gemm-lib: setup

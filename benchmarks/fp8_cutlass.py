@@ -3,8 +3,9 @@
 For the block linears of the 1.7B preset at M = 32,768 tokens — (K, N) = (2048, 4096) stacked qkv,
 (2048, 2048) o, (2048, 12288) stacked gate-up, (6144, 2048) down — it times Fprop (x w^T), Dgrad
 (dy w) and Wgrad (dy^T x, fp32 out) on the same pre-quantized operands: cuBLAS through
-``gemm.scaled_mm_fprop/dgrad/wgrad`` and every config of the library, each at the default tile
-order, then the two fastest configs of each GEMM over rasterization x swizzle. It also times Wgrad
+``gemm.scaled_mm_fprop/dgrad/wgrad`` and every config of the library that runs the shape (CUTLASS's,
+and DeepGEMM's where the library was built with it), each at the default tile order, then the two
+fastest CUTLASS configs of each GEMM over rasterization x swizzle (DeepGEMM's order their own tiles). It also times Wgrad
 accumulating into an fp32 gradient (the library's ``out=`` against cuBLAS + ``add_``). Each result is
 checked against cuBLAS's (relative error of the norm). TFLOP/s = 2MNK / median CUDA-event time.
 
@@ -90,11 +91,12 @@ def bench_problem(layer: str, p: dict, sweep: bool) -> list[dict]:
     base = {"layer": layer, "gemm": p["gemm"], "kind": p["kind"], "M": m, "N": n, "K": k}
     reference = p["cublas"]()
     rows = [dict(base, impl="cublas", config="-", raster="-", swizzle="-", **_time(p["cublas"], flop, None))]
-    for cfg in cg.configs(p["kind"]):
+    for cfg in cg.configs(p["kind"], n, k):  # DeepGEMM's act_weight configs: only the one compiled for (N, K)
         rows.append(dict(base, impl="cutlass", config=cfg, raster="heuristic", swizzle=1,
                          **_time(lambda: p["ours"](cfg, "heuristic", 1), flop, reference)))
     if sweep:
-        ranked = sorted((r for r in rows if r["impl"] == "cutlass" and "ms" in r), key=lambda r: r["ms"])[:2]
+        ranked = sorted((r for r in rows if r["impl"] == "cutlass" and "ms" in r and cg.takes_schedule(r["config"])),
+                        key=lambda r: r["ms"])[:2]
         for best in ranked:
             for raster, swizzle in SCHEDULES:
                 if (raster, swizzle) == ("heuristic", 1):

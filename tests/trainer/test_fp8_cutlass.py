@@ -51,11 +51,18 @@ def test_config_table_is_indexed_and_named_per_kind():
         assert m, row
         kind, name, sched, tm, tiles = int(m.group(2)), m.group(3), m.group(4), int(m.group(5)), m.group(10)
         assert 0 <= kind < len(cg.KINDS) and (kind, name) not in seen
+        seen.add((kind, name))
+        assert build.uses_deepgemm(row) == sched.startswith("Dg"), row
+        if build.uses_deepgemm(row):  # DeepGEMM: act_weight per (N, K) (named in the row), act_act any shape
+            shape = re.fullmatch(r"DgN(\d+)K(\d+)", sched)
+            assert name.startswith("deepgemm_") and tm in (64, 128, 256) and kind in (0, 1), row
+            assert (shape is not None and name.endswith(f"_n{shape[1]}_k{shape[2]}")) if kind == 0 else sched == "DgAny", row
+            assert int(m.group(8)) * int(m.group(9)) <= 2, row  # DeepGEMM multicasts to 2 CTAs at most
+            continue
         assert sched in ("Coop", "Pingpong", "CoopPipelined") and tm in (128, 256)  # what the blockwise mainloop takes
         assert tiles == "Persistent" or (tiles == "StreamK" and sched == "Coop"), row  # no stream-K pingpong
         if sched == "CoopPipelined":  # three 64 x N accumulators a warpgroup (pipelined_promotion.hpp)
             assert tm == 128 and int(m.group(6)) <= 128 and name.startswith("pipelined_"), row
-        seen.add((kind, name))
     for k in (0, 1):
         assert any(kind == k and name == cg.DEFAULT_ACT_WEIGHT for kind, name in seen)
 
@@ -148,7 +155,6 @@ def test_quantizer_impl_choice_is_checked_and_explains_a_refusal():
     x = torch.zeros(128, 256, dtype=torch.bfloat16)
     assert tk._use_cuda("triton", x) is False
     assert tk._use_cuda("auto", x) is False  # a CPU tensor: the Triton kernels (or none) take it
-    assert tk._use_cuda("auto", x, faster=False) is False
     with pytest.raises(ValueError, match="expected one of"):
         tk._use_cuda("cutlass", x)
     with pytest.raises(RuntimeError, match="cannot take"):
@@ -270,9 +276,13 @@ MKN = [RAGGED] + [(4096, k, n) for k, n in SHAPES_17B]
 MKN_IDS = ["ragged"] + [f"1.7b-{k}x{n}" for k, n in SHAPES_17B]
 
 
+def _any_shape_configs(kind: str) -> list[str]:
+    return [c for c in cg.configs(kind) if cg.config_shape(kind, c) is None]
+
+
 def every_config_and_shape(kind: str):
-    """A GPU test over every config of ``kind`` and every (M, K, N) of MKN."""
-    configs = pytest.mark.parametrize("config", cg.configs(kind) or ["none"])
+    """A GPU test over every config of ``kind`` that runs any shape and every (M, K, N) of MKN."""
+    configs = pytest.mark.parametrize("config", _any_shape_configs(kind) or ["none"])
     shapes = pytest.mark.parametrize("mkn", MKN, ids=MKN_IDS)
     return lambda fn: gpu(configs(shapes(fn)))
 
@@ -306,6 +316,31 @@ def test_act_act_matches_emulation_and_accumulates(config, mkn):
     assert same is grad
     err = _relerr(grad, before + ref)
     assert err < FP32_TOL, f"wgrad accumulate {config} {mkn}: rel. error {err:.2e}"
+
+
+SHAPED = [c for c in cg.configs("act_weight") if cg.config_shape("act_weight", c) is not None]
+
+
+@gpu
+@pytest.mark.parametrize("config", SHAPED or ["none"])
+def test_shape_compiled_configs_match_emulation_and_refuse_other_shapes(config):
+    """DeepGEMM's act_weight kernels, each compiled for one (N, K): M = 640 leaves the last 256-row tile
+    half empty; any other (N, K) is refused with a status naming why, not run."""
+    if config not in SHAPED:
+        pytest.skip("the library holds no shape-compiled act_weight config (built without $DEEPGEMM_DIR)")
+    n, k = cg.config_shape("act_weight", config)
+    m = 640
+    x, w = _probe_operands("cuda", m, k, n, 3)
+    xq, xs = quantize_1x128(x)
+    wq, ws = quantize_128x128(w)
+    y = cg.act_weight(xq, wq, xs, ws, config)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    err = _relerr(y, emulated_fprop(xq, xs, wq, ws))
+    assert err < BF16_TOL, f"{config} at (M, N, K) = ({m}, {n}, {k}): rel. error {err:.2e}"
+    xq2, xs2 = quantize_1x128(x[:, : k - 128].contiguous())
+    wq2, ws2 = quantize_128x128(w[:, : k - 128].contiguous())
+    with pytest.raises(RuntimeError, match="compiled for another"):
+        cg.act_weight(xq2, wq2, xs2, ws2, config)
 
 
 PIPELINED = {kind: [c for c in cg.configs(kind) if c.startswith("pipelined_")] for kind in ("act_weight", "act_act")}

@@ -4,7 +4,10 @@ The kernels are CUTLASS's warp-specialized FP8 mainloops with blockwise scale pr
 (``KernelTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise``): the pingpong schedule alternates
 two consumer warpgroups on different tiles; the ``pipelined_*`` configs replace the cooperative
 mainloop's ``mma()`` with ``csrc/pipelined_promotion.hpp``, whose warpgroups promote one k-tile while
-the next one's WGMMAs run (issue 16). The library is a plain C shared object built ahead of time
+the next one's WGMMAs run (issue 16). The ``deepgemm_*`` configs run DeepGEMM's Hopper kernels
+(``csrc/deepgemm_configs.hpp``; built where the build is given a DeepGEMM checkout): its act_weight
+kernels are compiled for one (N, K) each (:func:`config_shape`), its act_act kernel for any shape;
+they take no ``raster``/``swizzle`` (:func:`takes_schedule`). The library is a plain C shared object built ahead of time
 (``python -m trainer.fp8.csrc.build --out .gpu_build``) with no torch headers, so it does not depend
 on torch's C++ ABI; this module finds it, checks that its exported signatures are the ones written
 here (:data:`_API` against ``purokit_fp8_abi()``), and wraps the calls as torch custom ops. The same
@@ -48,9 +51,12 @@ LIB_ENV = "PUROKIT_FP8_GEMM_LIB"
 LIB_NAME = "libpurokit_fp8_gemm.so"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).with_name("csrc") / "blockwise_gemm.cu"
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 KINDS = ("act_weight", "act_act", "act_act_bf16")
+# statuses of a config the library holds a name for but no kernel: a stub of a partial build (--only),
+# a DeepGEMM config built without DeepGEMM (csrc/status.h)
+NOT_BUILT = (100, 108)
 RASTER = {"heuristic": 0, "m": 1, "n": 2}
 
 # The exported C API, mirrored by PUROKIT_FP8_API in csrc/blockwise_gemm.cu; checked against the
@@ -61,6 +67,7 @@ _API: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("int", "purokit_fp8_config_count", ()),
     ("const char*", "purokit_fp8_config_name", ("int config",)),
     ("const char*", "purokit_fp8_config_kind", ("int config",)),
+    ("int", "purokit_fp8_config_shape", ("int config", "int* n", "int* k")),
     ("const char*", "purokit_fp8_status_string", ("int status",)),
     ("int", "purokit_fp8_workspace_size", (
         "int config", "int m", "int n", "int k", "int raster", "int swizzle", "size_t* out",
@@ -97,6 +104,7 @@ _CTYPES = {
     "float": ctypes.c_float,
     "size_t": ctypes.c_size_t,
     "size_t*": ctypes.POINTER(ctypes.c_size_t),
+    "int*": ctypes.POINTER(ctypes.c_int),
     "const char*": ctypes.c_char_p,
     "const void*": ctypes.c_void_p,
     "void*": ctypes.c_void_p,
@@ -134,7 +142,17 @@ class Library:
             raise OSError(f"{path}: exported signatures differ from trainer.fp8.cutlass_gemm._API: rebuild it")
         count = self.dll.purokit_fp8_config_count()
         self.configs: dict[str, dict[str, int]] = {k: {} for k in KINDS}
+        self.shapes: dict[int, tuple[int, int] | None] = {}  # index -> the only (N, K) it runs, or None
+        n, k, size = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
         for i in range(count):
+            if self.dll.purokit_fp8_config_shape(i, ctypes.byref(n), ctypes.byref(k)) != 0:
+                raise OSError(f"{path}: purokit_fp8_config_shape({i}) failed")
+            self.shapes[i] = (n.value, k.value) if n.value else None
+            # a config left out of the build (--only, or DeepGEMM's without a checkout) is not offered
+            status = self.dll.purokit_fp8_workspace_size(i, 256, n.value or 256, k.value or 256, 0, 1,
+                                                         ctypes.byref(size))
+            if status in NOT_BUILT:
+                continue
             kind = self.dll.purokit_fp8_config_kind(i).decode()
             self.configs[kind][self.dll.purokit_fp8_config_name(i).decode()] = i
 
@@ -184,12 +202,33 @@ def available(device: torch.device | str | None = None) -> tuple[bool, str]:
     return True, reason
 
 
-def configs(kind: str) -> list[str]:
-    """Names of the library's configs of ``kind`` (``act_weight``, ``act_act``, ``act_act_bf16``)."""
+def configs(kind: str, n: int | None = None, k: int | None = None) -> list[str]:
+    """Names of the library's configs of ``kind`` (``act_weight``, ``act_act``, ``act_act_bf16``); with
+    ``n`` and ``k``, only those that run that (N, K) (DeepGEMM's act_weight configs are each compiled
+    for one: :func:`config_shape`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown GEMM kind {kind!r}: expected one of {KINDS}")
     lib, _ = library()
-    return list(lib.configs[kind]) if lib is not None else []
+    if lib is None:
+        return []
+    names = list(lib.configs[kind])
+    if n is None and k is None:
+        return names
+    return [c for c in names if config_shape(kind, c) in (None, (n, k))]
+
+
+def config_shape(kind: str, config: str) -> tuple[int, int] | None:
+    """The only (N, K) ``config`` runs, or None where it runs any shape."""
+    lib, reason = library()
+    if lib is None:
+        raise RuntimeError(f"cutlass fp8: {reason}")
+    return lib.shapes[_config_index(lib, kind, config)]
+
+
+def takes_schedule(config: str) -> bool:
+    """Whether ``raster``/``swizzle`` change what ``config`` runs (CUTLASS's tile schedulers; DeepGEMM's
+    kernels order their tiles themselves)."""
+    return not config.startswith("deepgemm_")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -182,6 +182,11 @@ def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.devic
     choice = CUBLAS
     if ok:
         entry = table_entry(torch.cuda.get_device_name(device), role, m, n, k)
+        if entry is not None and entry.library == "cutlass" and entry.config not in cutlass_gemm.configs(ROLE_KIND[role], n, k):
+            # the table names a config this build lacks (a DeepGEMM one, built without $DEEPGEMM_DIR)
+            log.warning("fp8: the GEMM table's %s config %r for %dx%dx%d is not in this library build; using "
+                        "cuBLAS", role, entry.config, m, n, k)
+            entry = None
         if lib == "cutlass" and (entry is None or entry.library != "cutlass"):
             entry = GemmChoice("cutlass", cutlass_gemm.configs(ROLE_KIND[role])[0])
         choice = entry or CUBLAS

@@ -53,7 +53,7 @@
 // with purokit_fp8_abi() (the same table, stringified here) when it loads the library.
 // ------------------------------------------------------------------------------------------------
 
-#define PUROKIT_FP8_ABI_VERSION 3
+#define PUROKIT_FP8_ABI_VERSION 4
 
 #define PUROKIT_FP8_API(X)                                                                          \
   X(int, purokit_fp8_abi_version, (void))                                                           \
@@ -61,6 +61,7 @@
   X(int, purokit_fp8_config_count, (void))                                                          \
   X(const char*, purokit_fp8_config_name, (int config))                                             \
   X(const char*, purokit_fp8_config_kind, (int config))                                             \
+  X(int, purokit_fp8_config_shape, (int config, int* n, int* k))                                    \
   X(const char*, purokit_fp8_status_string, (int status))                                           \
   X(int, purokit_fp8_workspace_size,                                                                \
     (int config, int m, int n, int k, int raster, int swizzle, size_t* out))                        \
@@ -94,27 +95,62 @@
 // A cluster of 2 along M multicasts the B tile (the weight, or x^T in Wgrad) to both CTAs, one of
 // 2 along N the A tile (the activations, or dy^T).
 // Kinds: 0 act_weight (bf16 out), 1 act_act (fp32 out, + beta C), 2 act_act_bf16.
+// DeepGemm rows (deepgemm_configs.hpp) run DeepGEMM's kernels instead: their schedule names the (N, K)
+// the kernel is compiled for (DgAny: any), the tile scheduler column is ignored (always persistent) and
+// so are raster and swizzle (DeepGEMM swizzles its tiles itself). act_weight rows exist for each (N, K)
+// of the 1.7B preset's Fprop and Dgrad; act_act rows take any shape.
 #define PUROKIT_FP8_CONFIGS(X)                                                              \
-  X(0, 0, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                       \
-  X(1, 0, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                       \
-  X(2, 0, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1, Persistent)               \
-  X(3, 0, "coop_128x256_c1x1", Coop, 128, 256, 128, 1, 1, Persistent)                       \
-  X(4, 0, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                       \
-  X(5, 1, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                       \
-  X(6, 1, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                       \
-  X(7, 1, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1, Persistent)               \
-  X(8, 1, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                       \
-  X(9, 1, "coop_128x128_c1x1_streamk", Coop, 128, 128, 128, 1, 1, StreamK)                  \
-  X(10, 1, "coop_256x128_c2x1_streamk", Coop, 256, 128, 128, 2, 1, StreamK)                 \
-  X(11, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                      \
-  X(12, 0, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                      \
-  X(13, 0, "coop_256x128_c1x2", Coop, 256, 128, 128, 1, 2, Persistent)                      \
-  X(14, 1, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                      \
-  X(15, 0, "pipelined_128x128_c1x1", CoopPipelined, 128, 128, 128, 1, 1, Persistent)        \
-  X(16, 0, "pipelined_128x128_c2x1", CoopPipelined, 128, 128, 128, 2, 1, Persistent)        \
-  X(17, 0, "pipelined_128x128_c1x2", CoopPipelined, 128, 128, 128, 1, 2, Persistent)        \
-  X(18, 1, "pipelined_128x128_c1x1", CoopPipelined, 128, 128, 128, 1, 1, Persistent)        \
-  X(19, 1, "pipelined_128x128_c2x1", CoopPipelined, 128, 128, 128, 2, 1, Persistent)
+  X(0, 0, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                                \
+  X(1, 0, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                                \
+  X(2, 0, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1, Persistent)                        \
+  X(3, 0, "coop_128x256_c1x1", Coop, 128, 256, 128, 1, 1, Persistent)                                \
+  X(4, 0, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                                \
+  X(5, 1, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                                \
+  X(6, 1, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                                \
+  X(7, 1, "pingpong_128x128_c1x1", Pingpong, 128, 128, 128, 1, 1, Persistent)                        \
+  X(8, 1, "coop_128x128_c2x1", Coop, 128, 128, 128, 2, 1, Persistent)                                \
+  X(9, 1, "coop_128x128_c1x1_streamk", Coop, 128, 128, 128, 1, 1, StreamK)                           \
+  X(10, 1, "coop_256x128_c2x1_streamk", Coop, 256, 128, 128, 2, 1, StreamK)                          \
+  X(11, 2, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                               \
+  X(12, 0, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                               \
+  X(13, 0, "coop_256x128_c1x2", Coop, 256, 128, 128, 1, 2, Persistent)                               \
+  X(14, 1, "coop_256x128_c1x1", Coop, 256, 128, 128, 1, 1, Persistent)                               \
+  X(15, 0, "pipelined_128x128_c1x1", CoopPipelined, 128, 128, 128, 1, 1, Persistent)                 \
+  X(16, 0, "pipelined_128x128_c2x1", CoopPipelined, 128, 128, 128, 2, 1, Persistent)                 \
+  X(17, 0, "pipelined_128x128_c1x2", CoopPipelined, 128, 128, 128, 1, 2, Persistent)                 \
+  X(18, 1, "pipelined_128x128_c1x1", CoopPipelined, 128, 128, 128, 1, 1, Persistent)                 \
+  X(19, 1, "pipelined_128x128_c2x1", CoopPipelined, 128, 128, 128, 2, 1, Persistent)                 \
+  X(20, 0, "deepgemm_256x128_c1x1_n4096_k2048", DgN4096K2048, 256, 128, 128, 1, 1, Persistent)       \
+  X(21, 0, "deepgemm_256x128_c2x1_n4096_k2048", DgN4096K2048, 256, 128, 128, 2, 1, Persistent)       \
+  X(22, 0, "deepgemm_256x128_c1x2_n4096_k2048", DgN4096K2048, 256, 128, 128, 1, 2, Persistent)       \
+  X(23, 0, "deepgemm_128x128_c1x1_n4096_k2048", DgN4096K2048, 128, 128, 128, 1, 1, Persistent)       \
+  X(24, 0, "deepgemm_256x128_c1x1_n2048_k2048", DgN2048K2048, 256, 128, 128, 1, 1, Persistent)       \
+  X(25, 0, "deepgemm_256x128_c2x1_n2048_k2048", DgN2048K2048, 256, 128, 128, 2, 1, Persistent)       \
+  X(26, 0, "deepgemm_256x128_c1x2_n2048_k2048", DgN2048K2048, 256, 128, 128, 1, 2, Persistent)       \
+  X(27, 0, "deepgemm_128x128_c1x1_n2048_k2048", DgN2048K2048, 128, 128, 128, 1, 1, Persistent)       \
+  X(28, 0, "deepgemm_256x128_c1x1_n12288_k2048", DgN12288K2048, 256, 128, 128, 1, 1, Persistent)     \
+  X(29, 0, "deepgemm_256x128_c2x1_n12288_k2048", DgN12288K2048, 256, 128, 128, 2, 1, Persistent)     \
+  X(30, 0, "deepgemm_256x128_c1x2_n12288_k2048", DgN12288K2048, 256, 128, 128, 1, 2, Persistent)     \
+  X(31, 0, "deepgemm_128x128_c1x1_n12288_k2048", DgN12288K2048, 128, 128, 128, 1, 1, Persistent)     \
+  X(32, 0, "deepgemm_256x128_c1x1_n2048_k6144", DgN2048K6144, 256, 128, 128, 1, 1, Persistent)       \
+  X(33, 0, "deepgemm_256x128_c2x1_n2048_k6144", DgN2048K6144, 256, 128, 128, 2, 1, Persistent)       \
+  X(34, 0, "deepgemm_256x128_c1x2_n2048_k6144", DgN2048K6144, 256, 128, 128, 1, 2, Persistent)       \
+  X(35, 0, "deepgemm_128x128_c1x1_n2048_k6144", DgN2048K6144, 128, 128, 128, 1, 1, Persistent)       \
+  X(36, 0, "deepgemm_256x128_c1x1_n2048_k4096", DgN2048K4096, 256, 128, 128, 1, 1, Persistent)       \
+  X(37, 0, "deepgemm_256x128_c2x1_n2048_k4096", DgN2048K4096, 256, 128, 128, 2, 1, Persistent)       \
+  X(38, 0, "deepgemm_256x128_c1x2_n2048_k4096", DgN2048K4096, 256, 128, 128, 1, 2, Persistent)       \
+  X(39, 0, "deepgemm_128x128_c1x1_n2048_k4096", DgN2048K4096, 128, 128, 128, 1, 1, Persistent)       \
+  X(40, 0, "deepgemm_256x128_c1x1_n2048_k12288", DgN2048K12288, 256, 128, 128, 1, 1, Persistent)     \
+  X(41, 0, "deepgemm_256x128_c2x1_n2048_k12288", DgN2048K12288, 256, 128, 128, 2, 1, Persistent)     \
+  X(42, 0, "deepgemm_256x128_c1x2_n2048_k12288", DgN2048K12288, 256, 128, 128, 1, 2, Persistent)     \
+  X(43, 0, "deepgemm_128x128_c1x1_n2048_k12288", DgN2048K12288, 128, 128, 128, 1, 1, Persistent)     \
+  X(44, 0, "deepgemm_256x128_c1x1_n6144_k2048", DgN6144K2048, 256, 128, 128, 1, 1, Persistent)       \
+  X(45, 0, "deepgemm_256x128_c2x1_n6144_k2048", DgN6144K2048, 256, 128, 128, 2, 1, Persistent)       \
+  X(46, 0, "deepgemm_256x128_c1x2_n6144_k2048", DgN6144K2048, 256, 128, 128, 1, 2, Persistent)       \
+  X(47, 0, "deepgemm_128x128_c1x1_n6144_k2048", DgN6144K2048, 128, 128, 128, 1, 1, Persistent)       \
+  X(48, 1, "deepgemm_128x128_c1x1", DgAny, 128, 128, 128, 1, 1, Persistent)                          \
+  X(49, 1, "deepgemm_128x128_c2x1", DgAny, 128, 128, 128, 2, 1, Persistent)                          \
+  X(50, 1, "deepgemm_128x128_c1x2", DgAny, 128, 128, 128, 1, 2, Persistent)
 
 namespace purokit_fp8 {
 
@@ -282,6 +318,31 @@ struct BlockwiseGemm {
   }
 };
 
+}  // namespace purokit_fp8
+
+#include "deepgemm_configs.hpp"
+
+namespace purokit_fp8 {
+
+// A DeepGemm schedule takes DeepGEMM's kernel in place of CUTLASS's.
+template <int Kind, int N, int K, int TM, int TN, int TK, int CM, int CN, class TileScheduler>
+struct BlockwiseGemm<Kind, DeepGemm<N, K>, TM, TN, TK, CM, CN, TileScheduler>
+    : DeepGemmConfig<Kind, DeepGemm<N, K>, TM, TN, CM, CN> {};
+
+// The (N, K) shapes the DeepGemm rows of the table are compiled for.
+using DgAny = DeepGemm<0, 0>;
+using DgN4096K2048 = DeepGemm<4096, 2048>;    // qkv Fprop
+using DgN2048K2048 = DeepGemm<2048, 2048>;    // o Fprop and Dgrad
+using DgN12288K2048 = DeepGemm<12288, 2048>;  // gate-up Fprop
+using DgN2048K6144 = DeepGemm<2048, 6144>;    // down Fprop
+using DgN2048K4096 = DeepGemm<2048, 4096>;    // qkv Dgrad
+using DgN2048K12288 = DeepGemm<2048, 12288>;  // gate-up Dgrad
+using DgN6144K2048 = DeepGemm<6144, 2048>;    // down Dgrad
+
+// The (N, K) a config only runs (0, 0: any).
+template <class Schedule> struct CompiledShape { static constexpr int n = 0, k = 0; };
+template <int N, int K> struct CompiledShape<DeepGemm<N, K>> { static constexpr int n = N, k = K; };
+
 using RunFn = int (*)(Problem const&);
 
 #define PUROKIT_FP8_DECLARE(id, kind, name, sched, tm, tn, tk, cm, cn, tile) int run_config_##id(Problem const& p);
@@ -327,9 +388,11 @@ struct ConfigEntry {
   int kind;
   const char* name;
   RunFn run;
+  int n, k;  // the only shape it runs, or 0, 0
 };
 
-#define PUROKIT_FP8_ENTRY(id, kind, name, sched, tm, tn, tk, cm, cn, tile) {kind, name, &run_config_##id},
+#define PUROKIT_FP8_ENTRY(id, kind, name, sched, tm, tn, tk, cm, cn, tile) \
+  {kind, name, &run_config_##id, CompiledShape<sched>::n, CompiledShape<sched>::k},
 constexpr ConfigEntry kConfigs[] = {PUROKIT_FP8_CONFIGS(PUROKIT_FP8_ENTRY)};
 #undef PUROKIT_FP8_ENTRY
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
@@ -388,6 +451,14 @@ extern "C" const char* purokit_fp8_config_kind(int config) {
              : nullptr;
 }
 
+extern "C" int purokit_fp8_config_shape(int config, int* n, int* k) {
+  if (n == nullptr || k == nullptr) return PUROKIT_FP8_BAD_ARGUMENT;
+  if (config < 0 || config >= purokit_fp8::kConfigCount) return PUROKIT_FP8_BAD_CONFIG;
+  *n = purokit_fp8::kConfigs[config].n;
+  *k = purokit_fp8::kConfigs[config].k;
+  return 0;
+}
+
 extern "C" const char* purokit_fp8_status_string(int status) {
   switch (status) {
     case 0: return "ok";
@@ -396,8 +467,13 @@ extern "C" const char* purokit_fp8_status_string(int status) {
     case PUROKIT_FP8_SMALL_WORKSPACE: return "workspace smaller than purokit_fp8_workspace_size";
     case PUROKIT_FP8_CUDA_ERROR: return "CUDA runtime error (launch or device query)";
     case PUROKIT_FP8_EXCEPTION: return "C++ exception in CUTLASS host code";
-    case PUROKIT_FP8_BAD_ARGUMENT: return "null operand, C given for a bf16 output, or raster/swizzle out of range";
+    case PUROKIT_FP8_BAD_ARGUMENT:
+      return "null operand, C given for a bf16 output, raster/swizzle out of range, or (DeepGEMM act_act) C other "
+             "than D with beta 1";
     case PUROKIT_FP8_MISALIGNED: return "an operand, scale or output address is not 16-byte aligned (TMA)";
+    case PUROKIT_FP8_WRONG_SHAPE:
+      return "this config is compiled for another (N, K) (purokit_fp8_config_shape), or K over 32,768";
+    case PUROKIT_FP8_NOT_BUILT: return "the library was built without DeepGEMM ($DEEPGEMM_DIR), which this config runs";
     default:
       if (status > 0 && status <= static_cast<int>(cutlass::Status::kInvalid))
         return cutlassGetStatusString(static_cast<cutlass::Status>(status));

@@ -3,11 +3,14 @@ activation quantizers of ``quantize.cu``) ahead of time.
 
 ::
 
-    python -m trainer.fp8.csrc.build --out .gpu_build [--jobs 2] [--cutlass DIR] [--nvcc PATH]
+    python -m trainer.fp8.csrc.build --out .gpu_build [--jobs 2] [--cutlass DIR] [--deepgemm DIR] [--nvcc PATH]
 
 Needs nvcc >= 12.4 with sm_90a support and a CUTLASS 4.x checkout (``$CUTLASS_DIR``: the folder that
 holds ``include/cutlass`` and ``tools/util/include``; no CUTLASS build is needed, it is header-only
-here). nvcc is looked for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, and
+here). A DeepGEMM checkout (``$DEEPGEMM_DIR`` or ``--deepgemm``: the folder holding
+``deep_gemm/include``, github.com/deepseek-ai/DeepGEMM) is optional: with it the ``deepgemm_*``
+configs (deepgemm_configs.hpp) compile DeepGEMM's Hopper kernels; without it they are built as
+configs that answer "built without DeepGEMM" and the GEMM table cannot pick them. nvcc is looked for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, and
 the ``nvidia-cuda-nvcc`` pip wheel. The source is compiled once per kernel config (one object each,
 ``--jobs`` at a time: each takes ~1-2 min and ~4 GB of memory) plus once for the exported API, and
 ``quantize.cu`` once (no CUTLASS, seconds); all are linked
@@ -31,8 +34,11 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("blockwise_gemm.cu")
-# the headers beside it that the source includes (part of every object's cache key)
+# the headers beside it that the source includes (part of every object's cache key), and the one only the
+# DeepGEMM rows and the API object compile anything from (part of theirs only: CUTLASS rows instantiate
+# none of its templates, so editing it rebuilds them not)
 HEADERS = ("pipelined_promotion.hpp", "status.h")
+DEEPGEMM_HEADER = "deepgemm_configs.hpp"
 # the activation quantizers (no CUTLASS): one more object of the library
 QUANT_SOURCE = Path(__file__).with_name("quantize.cu")
 QUANT = -2  # its "config" index in the build's work list
@@ -46,6 +52,14 @@ FLAGS = (
 DIAGNOSTICS = ("-Xptxas", "-v")
 _CONFIG_ROW = re.compile(r"^\s*X\((\d+),\s*(\d+),\s*\"([^\"]+)\"[^)]*\)", re.M)
 _TABLE = re.compile(r"#define PUROKIT_FP8_CONFIGS\(X\)(?:.*\\\n)*.*\n")
+# a row whose schedule is one of the DeepGemm shapes (DgAny, DgN4096K2048, ...)
+_DEEPGEMM_ROW = re.compile(r'^\s*X\(\d+,\s*\d+,\s*"[^"]+",\s*Dg\w+,')
+DEEPGEMM_IMPLS = ("sm90_fp8_gemm_1d2d.cuh", "sm90_fp8_gemm_1d1d.cuh")
+
+
+def uses_deepgemm(row: str) -> bool:
+    """Whether a table row runs one of DeepGEMM's kernels (its schedule is a ``Dg*`` shape)."""
+    return bool(_DEEPGEMM_ROW.match(row))
 
 
 def config_rows(source: str) -> list[tuple[int, str]]:
@@ -104,6 +118,26 @@ def find_cutlass(explicit: str | None = None) -> Path:
     return root
 
 
+def find_deepgemm(explicit: str | None = None) -> Path | None:
+    """The DeepGEMM checkout (``--deepgemm``, ``$DEEPGEMM_DIR``), or None where neither is given."""
+    root = explicit or os.environ.get("DEEPGEMM_DIR")
+    if not root:
+        return None
+    root = Path(root)
+    for impl in DEEPGEMM_IMPLS:
+        if not (root / "deep_gemm/include/deep_gemm/impls" / impl).is_file():
+            raise FileNotFoundError(f"DeepGEMM at {root} lacks deep_gemm/include/deep_gemm/impls/{impl}")
+    return root
+
+
+def deepgemm_version(root: Path | None) -> str:
+    """A digest of DeepGEMM's device headers (what its objects are compiled from), or "none"."""
+    if root is None:
+        return "none"
+    include = root / "deep_gemm/include"
+    return _digest(*(f"{p.relative_to(include)}\0{p.read_text()}" for p in sorted(include.rglob("*.cuh"))))
+
+
 def cutlass_version(root: Path) -> str:
     text = (root / "include/cutlass/version.h").read_text()
     parts = [re.search(rf"#define CUTLASS_{k} (\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
@@ -124,12 +158,15 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path) -> tuple[int, float]:
+def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path,
+             deepgemm: Path | None = None) -> tuple[int, float]:
     if config == QUANT:
         what = ["-c", str(QUANT_SOURCE)]
     else:
         what = [f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools/util/include'}",
                 f"-DPUROKIT_FP8_CONFIG={config}", "-c", str(SOURCE)]
+        if deepgemm is not None:  # DeepGEMM's own kernels (a row that does not use it compiles without)
+            what = [f"-I{deepgemm / 'deep_gemm/include'}", "-DPUROKIT_WITH_DEEPGEMM", *what]
     cmd = [nvcc, *FLAGS, *DIAGNOSTICS, *what, "-o", str(obj) + ".tmp"]
     t0 = time.monotonic()
     with open(log, "w") as f:
@@ -140,34 +177,42 @@ def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path) -> tup
 
 
 def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None = None,
-          only: list[int] | None = None) -> Path:
+          only: list[int] | None = None, deepgemm: str | None = None) -> Path:
     """Compile what is not cached, link, and put the library at ``out/libpurokit_fp8_gemm.so``."""
     nvcc_path = find_nvcc(nvcc)
     root = find_cutlass(cutlass)
+    dg_root = find_deepgemm(deepgemm)
+    dg_version = deepgemm_version(dg_root)
     nvcc_version = subprocess.run([nvcc_path, "--version"], capture_output=True, text=True, check=True).stdout
     cversion = cutlass_version(root)
     source = SOURCE.read_text()
     headers = "".join(SOURCE.with_name(h).read_text() for h in HEADERS)
+    dg_headers = headers + SOURCE.with_name(DEEPGEMM_HEADER).read_text()
     rows = config_rows(source)
     wanted = [(i, r) for i, r in rows if only is None or i in only]
     objdir = out / "obj"
     objdir.mkdir(parents=True, exist_ok=True)
     todo, objects = [], []
     for config, row in [(-1, "")] + wanted:
-        key = object_key(source, config, row, nvcc_version, cversion, headers)
+        dg = dg_root if uses_deepgemm(row) else None
+        tools = f"{cversion}+deepgemm {dg_version}" if dg is not None or uses_deepgemm(row) else cversion
+        key = object_key(source, config, row, nvcc_version, tools,
+                         dg_headers if uses_deepgemm(row) or config < 0 else headers)
         obj = objdir / f"cfg{config}-{key}.o"
         objects.append(obj)
         if not obj.exists():
-            todo.append((config, obj))
+            todo.append((config, obj, dg))
     quant_obj = objdir / f"cfgquant-{quant_key(QUANT_SOURCE.read_text(), nvcc_version, headers)}.o"
     objects.append(quant_obj)
     if not quant_obj.exists():
-        todo.append((QUANT, quant_obj))
-    print(f"fp8 gemm build: nvcc {nvcc_path}, CUTLASS {cversion} at {root}; "
+        todo.append((QUANT, quant_obj, None))
+    print(f"fp8 gemm build: nvcc {nvcc_path}, CUTLASS {cversion} at {root}, "
+          f"DeepGEMM {f'at {dg_root}' if dg_root else 'not given (its configs answer: not built)'}; "
           f"{len(objects) - len(todo)} objects cached, {len(todo)} to compile, {jobs} at a time", flush=True)
     failed = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_compile, nvcc_path, root, c, o, o.with_suffix(".log")): (c, o) for c, o in todo}
+        futures = {pool.submit(_compile, nvcc_path, root, c, o, o.with_suffix(".log"), dg): (c, o)
+                   for c, o, dg in todo}
         for fut in concurrent.futures.as_completed(futures):
             config, obj = futures[fut]
             rc, secs = fut.result()
@@ -216,11 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="nvcc processes at a time (~4 GB of memory each)")
     p.add_argument("--cutlass", help="CUTLASS checkout (default $CUTLASS_DIR)")
     p.add_argument("--nvcc", help="nvcc to use (default: $NVCC, $CUDA_HOME, PATH, the pip wheel)")
+    p.add_argument("--deepgemm", help="DeepGEMM checkout for the deepgemm_* configs (default $DEEPGEMM_DIR; optional)")
     p.add_argument("--only", type=lambda s: [int(x) for x in s.split(",")],
                    help="build only these config indices (comma-separated); the others answer 'no such config'")
     args = p.parse_args(argv)
     try:
-        build(args.out, args.jobs, args.cutlass, args.nvcc, args.only)
+        build(args.out, args.jobs, args.cutlass, args.nvcc, args.only, args.deepgemm)
     except (FileNotFoundError, RuntimeError, ValueError, subprocess.CalledProcessError) as exc:
         print(f"fp8 gemm build: {exc}", file=sys.stderr)
         return 1

@@ -9,3 +9,5 @@
 #define PUROKIT_FP8_EXCEPTION 104    // a C++ exception inside CUTLASS's host code
 #define PUROKIT_FP8_BAD_ARGUMENT 105 // null pointer, C with a bf16 output, bad raster/swizzle
 #define PUROKIT_FP8_MISALIGNED 106   // an operand, scale or output address not 16-byte aligned
+#define PUROKIT_FP8_WRONG_SHAPE 107  // a config compiled for another (N, K) (DeepGEMM configs)
+#define PUROKIT_FP8_NOT_BUILT 108    // a DeepGEMM config in a library built without DeepGEMM
