@@ -41,17 +41,26 @@ from trainer.fp8 import triton_kernels  # noqa: E402
 from trainer.fp8.triton_kernels import quant_act, quant_weight, swiglu_bwd_quant, swiglu_quant, triton_available  # noqa: E402
 
 
-def bench_ms(fn, reps: int = 5, inner: int = 10, warmup: int = 3) -> float:
-    """Median over `reps` of the mean time of `inner` back-to-back calls, by CUDA events."""
+def bench_ms(fn, reps: int = 5, inner: int = 10, warmup: int = 3, graph: bool = False) -> float:
+    """Median over `reps` of the mean time of `inner` back-to-back calls, by CUDA events. With ``graph``
+    the `inner` calls are captured once in a CUDA graph and replayed: the GPU's time alone, without the
+    host's per-call cost (a kernel shorter than its Python launch path would otherwise time the host;
+    in the compiled training loop the host runs ahead of the GPU)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    run = lambda: [fn() for _ in range(inner)]  # noqa: E731
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        run = g.replay
+        run()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(inner):
-            fn()
+        run()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / inner)
@@ -253,7 +262,7 @@ def _differing(a, b) -> float:
 
 def quant_impls(m: int = 32768) -> list[dict]:
     """The three activation ops on Triton's kernels and on the CUDA kernels (csrc/quantize.cu), at the
-    1.7B shapes: ms, GB/s of each kernel's own DRAM traffic, and the fraction of outputs that differ
+    1.7B shapes: ms of GPU time (CUDA-graph replays), GB/s of each kernel's own DRAM traffic, and the fraction of outputs that differ
     (0 for quant_act, which is bit-exact; the SwiGLU kernels differ in the fast sigmoid's last bits)."""
     rows = []
 
@@ -261,7 +270,7 @@ def quant_impls(m: int = 32768) -> list[dict]:
         got = {impl: fn(impl) for impl in ("triton", "cuda")}
         r = {"kernel": name, **labels, "differing": _differing(got["triton"], got["cuda"])}
         for impl in ("triton", "cuda"):
-            t = bench_ms(lambda: fn(impl))
+            t = bench_ms(lambda: fn(impl), graph=True)  # GPU time: at K = 2048 the op's host path is longer
             r[f"{impl}_ms"], r[f"{impl}_GBps"] = t, nbytes / t / 1e6
         r["speedup"] = r["triton_ms"] / r["cuda_ms"]
         rows.append(r)

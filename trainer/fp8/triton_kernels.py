@@ -6,8 +6,8 @@ activation ops have two implementations of the same contract, chosen per call by
 argument: the Triton kernels below, and the CUDA kernels of ``csrc/quantize.cu`` (in the library
 :mod:`trainer.fp8.cutlass_gemm` loads), which hold a tile in registers and read it from DRAM once
 instead of twice. ``impl="auto"`` takes CUDA where it can run (a BF16 input, 16-byte aligned, on an
-sm_90 GPU with the library loaded) and was measured faster (``CUDA_ACT_MIN_K``), Triton otherwise;
-``"cuda"`` and ``"triton"`` force one.
+sm_90 GPU with the library loaded; measured faster at every 1.7B shape, benchmarks/RESULTS.md), Triton
+otherwise; ``"cuda"`` and ``"triton"`` force one.
 
 - ``quant_act``: one program quantizes one 128x128 tile of a token-major activation or gradient
   (M, K) into (a) the row copy ``q`` (M, K) with one scale per 1x128 group along K (Fprop's A operand,
@@ -243,18 +243,12 @@ def _grid(m: int, k: int) -> tuple[int, int]:
 IMPLS = ("auto", "cuda", "triton")
 
 
-# Where `auto` keeps Triton although CUDA could run: quant_act at K <= 2048, where the CUDA kernel measured
-# 0.134 ms against Triton's 0.117 at M = 32,768 (1.28x faster at K = 4096 and 6144, the SwiGLU pair 1.37x and
-# 1.49x; H200, 2026-12-03, `benchmarks/fp8_gemm.py --quant-impls`, RESULTS.md)
-CUDA_ACT_MIN_K = 4096
-
-
-def _use_cuda(impl: str, *inputs: torch.Tensor, faster: bool = True) -> bool:
+def _use_cuda(impl: str, *inputs: torch.Tensor) -> bool:
     """Whether an activation op runs on the CUDA kernels (csrc/quantize.cu) rather than Triton's; with
-    ``impl="auto"``, only where they can and were measured ``faster`` at this shape."""
+    ``impl="auto"``, wherever they can."""
     if impl not in IMPLS:
         raise ValueError(f"quantizer impl {impl!r}: expected one of {IMPLS}")
-    if impl == "triton" or (impl == "auto" and not faster):
+    if impl == "triton":
         return False
     ok = all(cutlass_gemm.quantizers_available(t) and t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 for t in inputs)
     if impl == "cuda" and not ok:
@@ -278,7 +272,7 @@ def _quant_act_op(
     if x.stride(1) != 1:
         x = x.contiguous()
     out = _act_outputs(x, m, k, write_row, write_t)
-    if m > 0 and (write_row or write_t) and _use_cuda(impl, x, faster=k >= CUDA_ACT_MIN_K):
+    if m > 0 and (write_row or write_t) and _use_cuda(impl, x):
         (q, s), (qt, st) = _wanted(out, write_row, write_t)
         cutlass_gemm.quant_act_into(x, pow2, q, s, qt, st)
     elif m > 0 and (write_row or write_t):
