@@ -550,6 +550,25 @@ def test_gemm_table_lookup_exact_then_nearest_token_count_then_none():
         choose_gemm("wgrad", 2048, 2048, 32768, "cutlass", torch.device("cpu"))
 
 
+def test_a_table_config_the_build_lacks_falls_back_to_cublas(monkeypatch):
+    """A measured table may name a DeepGEMM config; a library built without $DEEPGEMM_DIR lacks it, and
+    the choice is then cuBLAS (with a warning), never a failing call."""
+    from trainer.fp8 import cutlass_gemm, gemm
+
+    table = {"GPU X": {"fprop": {
+        "32768x4096x2048": {"library": "cutlass", "config": "deepgemm_256x128_c1x1_n4096_k2048"},
+        "32768x2048x2048": {"library": "cutlass", "config": "coop_256x128_c1x1"},
+    }}}
+    monkeypatch.setattr(gemm, "_table", lambda path=gemm.GEMM_TABLE: table)
+    monkeypatch.setattr(gemm, "_CHOICES", {})
+    monkeypatch.setattr(cutlass_gemm, "available", lambda device=None: (True, "test"))
+    monkeypatch.setattr(cutlass_gemm, "configs", lambda kind, n=None, k=None: ["coop_256x128_c1x1"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU X")
+    dev = torch.device("cuda", 0)
+    assert gemm.choose_gemm("fprop", 32768, 4096, 2048, "auto", dev) == gemm.CUBLAS
+    assert gemm.choose_gemm("fprop", 32768, 2048, 2048, "auto", dev) == gemm.GemmChoice("cutlass", "coop_256x128_c1x1")
+
+
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():
     """cuBLAS needs the FP8 A operand row-major; quantizing x.t() (Wgrad) must not return a view."""
     x = torch.randn(256, 384, dtype=torch.bfloat16)

@@ -81,6 +81,23 @@ def test_object_keys_change_only_for_the_changed_row():
     assert build.object_key(trailing, 0, rows[0][1], "nvcc", "4.7.0") != keys[0]
 
 
+def test_deepgemm_rows_alone_depend_on_deepgemm():
+    rows = build.config_rows(SOURCE)
+    dg_rows = [(i, r) for i, r in rows if build.uses_deepgemm(r)]
+    cutlass_rows = [(i, r) for i, r in rows if not build.uses_deepgemm(r)]
+    assert dg_rows and cutlass_rows
+
+    def keys(dg_version: str, dg_header: str) -> dict[int, str]:
+        return {i: build.row_key(SOURCE, i, r, "nvcc", "4.7.0", dg_version, "h", "h" + dg_header)
+                for i, r in [(-1, "")] + rows}
+
+    base = keys("none", "v1")
+    checkout, header = keys("abc", "v1"), keys("none", "v2")
+    # another DeepGEMM checkout (or none) rebuilds its rows only; its header, those and the API object
+    assert {i for i in base if checkout[i] != base[i]} == {i for i, _ in dg_rows}
+    assert {i for i in base if header[i] != base[i]} == {i for i, _ in dg_rows} | {-1}
+
+
 def test_build_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.delenv("CUTLASS_DIR", raising=False)
     with pytest.raises(FileNotFoundError, match="CUTLASS_DIR"):

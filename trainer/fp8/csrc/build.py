@@ -87,6 +87,16 @@ def object_key(source: str, config: int, row: str, nvcc_version: str, cutlass_ve
     return _digest(rest, row if config >= 0 else table.group(0), nvcc_version, cutlass_version)
 
 
+def row_key(source: str, config: int, row: str, nvcc_version: str, cutlass_version: str, deepgemm_version: str,
+            headers: str, deepgemm_headers: str) -> str:
+    """:func:`object_key` with what a row is compiled from: a DeepGEMM row also depends on DeepGEMM's
+    checkout and on deepgemm_configs.hpp (``deepgemm_headers``: ``headers`` and it), the API object on that
+    header (its table names the DeepGEMM shapes) but not on the checkout, a CUTLASS row on neither."""
+    dg = uses_deepgemm(row)
+    tools = f"{cutlass_version}+deepgemm {deepgemm_version}" if dg else cutlass_version
+    return object_key(source, config, row, nvcc_version, tools, deepgemm_headers if dg or config < 0 else headers)
+
+
 def find_nvcc(explicit: str | None = None) -> str:
     candidates = [explicit, os.environ.get("NVCC")]
     if os.environ.get("CUDA_HOME"):
@@ -195,9 +205,7 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
     todo, objects = [], []
     for config, row in [(-1, "")] + wanted:
         dg = dg_root if uses_deepgemm(row) else None
-        tools = f"{cversion}+deepgemm {dg_version}" if dg is not None or uses_deepgemm(row) else cversion
-        key = object_key(source, config, row, nvcc_version, tools,
-                         dg_headers if uses_deepgemm(row) or config < 0 else headers)
+        key = row_key(source, config, row, nvcc_version, cversion, dg_version, headers, dg_headers)
         obj = objdir / f"cfg{config}-{key}.o"
         objects.append(obj)
         if not obj.exists():
