@@ -98,7 +98,8 @@
 // DeepGemm rows (deepgemm_configs.hpp) run DeepGEMM's kernels instead: their schedule names the (N, K)
 // the kernel is compiled for (DgAny: any), the tile scheduler column is ignored (always persistent) and
 // so are raster and swizzle (DeepGEMM swizzles its tiles itself). act_weight rows exist for each (N, K)
-// of the 1.7B preset's Fprop and Dgrad; act_act rows take any shape.
+// of the 1.7B preset's Fprop and Dgrad (192-column tiles where N is a multiple of 192: a tile then spans
+// two weight-scale blocks); act_act rows take any shape.
 #define PUROKIT_FP8_CONFIGS(X)                                                              \
   X(0, 0, "coop_128x128_c1x1", Coop, 128, 128, 128, 1, 1, Persistent)                                \
   X(1, 0, "coop_256x128_c2x1", Coop, 256, 128, 128, 2, 1, Persistent)                                \
@@ -150,7 +151,11 @@
   X(47, 0, "deepgemm_128x128_c1x1_n6144_k2048", DgN6144K2048, 128, 128, 128, 1, 1, Persistent)       \
   X(48, 1, "deepgemm_128x128_c1x1", DgAny, 128, 128, 128, 1, 1, Persistent)                          \
   X(49, 1, "deepgemm_128x128_c2x1", DgAny, 128, 128, 128, 2, 1, Persistent)                          \
-  X(50, 1, "deepgemm_128x128_c1x2", DgAny, 128, 128, 128, 1, 2, Persistent)
+  X(50, 1, "deepgemm_128x128_c1x2", DgAny, 128, 128, 128, 1, 2, Persistent)                          \
+  X(51, 0, "deepgemm_128x192_c1x1_n12288_k2048", DgN12288K2048, 128, 192, 128, 1, 1, Persistent)     \
+  X(52, 0, "deepgemm_128x192_c2x1_n12288_k2048", DgN12288K2048, 128, 192, 128, 2, 1, Persistent)     \
+  X(53, 0, "deepgemm_128x192_c1x1_n6144_k2048", DgN6144K2048, 128, 192, 128, 1, 1, Persistent)       \
+  X(54, 0, "deepgemm_128x192_c2x1_n6144_k2048", DgN6144K2048, 128, 192, 128, 2, 1, Persistent)
 
 namespace purokit_fp8 {
 
