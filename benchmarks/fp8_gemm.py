@@ -7,7 +7,9 @@ and each micro-batch size M (tokens), it times:
 - ``fp8_gemm``: ``F.scaled_mm`` with 1x128 / 128x128 scales on pre-quantized operands (GEMM alone),
 - ``fp8_fwd``: the whole FP8 forward (Triton quantization of x and w + GEMM),
 - ``bf16_step`` / ``fp8_step``: forward + backward of one linear (Fprop, Dgrad, Wgrad; BF16
-  ``F.linear`` autograd against ``fp8_linear`` with the Triton quantizers and with the torch ones),
+  ``F.linear`` autograd against ``fp8_linear`` with the product's quantizers, ``auto``, and with the
+  torch ones; float32 master weights under autocast, or BF16 weights with ``--bf16-weights``, as
+  torchao's single-linear benchmark in ``../shared/bench/peer_torchtitan`` holds them),
 and reports TFLOP/s (2MKN per GEMM, 6MKN per forward+backward) and the FP8/BF16 ratios. It also
 times the quantization kernels against a device-to-device copy (bandwidth ceiling).
 
@@ -105,7 +107,10 @@ def linear_cases(ms: list[int]) -> list[dict]:
     return cases
 
 
-def run_case(c: dict, caps, do_step: bool) -> dict:
+def run_case(c: dict, caps, do_step: bool, bf16_weights: bool = False) -> dict:
+    """One linear: the GEMMs alone, then fwd+bwd of ``F.linear`` (BF16) and of ``fp8_linear`` with the
+    product's quantizers (``auto``) and with the torch ones, on float32 master weights under autocast as the
+    trainer holds them, or on BF16 weights (``bf16_weights``: as torchao's single-linear benchmark does)."""
     m, k, n = c["M"], c["K"], c["N"]
     dev = "cuda"
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -133,7 +138,8 @@ def run_case(c: dict, caps, do_step: bool) -> dict:
     if do_step:
         dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
         xr = x.detach().requires_grad_()
-        wr = w32.detach().requires_grad_()
+        wr = (w if bf16_weights else w32).detach().requires_grad_()
+        out["weights"] = "bf16" if bf16_weights else "fp32"
 
         def bf16_step():
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -149,14 +155,14 @@ def run_case(c: dict, caps, do_step: bool) -> dict:
 
         t = bench_ms(bf16_step, reps=3, inner=5)
         out["bf16_step_tflops"] = 3 * flop / t / 1e9
-        for quantizer in (["triton"] if triton_available() else []) + ["torch"]:
+        for quantizer in (["auto"] if triton_available() else []) + ["torch"]:
             t = bench_ms(fp8_step(quantizer), reps=3, inner=5)
             out[f"fp8_step_{quantizer}_tflops"] = 3 * flop / t / 1e9
         xr.grad = None
         wr.grad = None
     out["speedup_gemm"] = out["fp8_gemm_tflops"] / out["bf16_tflops"]
-    if "fp8_step_triton_tflops" in out:
-        out["speedup_step"] = out["fp8_step_triton_tflops"] / out["bf16_step_tflops"]
+    if "fp8_step_auto_tflops" in out:
+        out["speedup_step"] = out["fp8_step_auto_tflops"] / out["bf16_step_tflops"]
     return out
 
 
@@ -295,7 +301,7 @@ def _row(r: dict, columns: list[tuple[str, str]]) -> str:
 
 CASE_COLUMNS = [("preset", "{}"), ("layers", "{}"), ("M", "{}"), ("K", "{}"), ("N", "{}"), ("bf16_tflops", "{:.0f}"),
                 ("fp8_gemm_tflops", "{:.0f}"), ("fp8_fwd_tflops", "{:.0f}"), ("speedup_gemm", "{:.2f}"),
-                ("bf16_step_tflops", "{:.0f}"), ("fp8_step_triton_tflops", "{:.0f}"), ("fp8_step_torch_tflops", "{:.0f}"),
+                ("bf16_step_tflops", "{:.0f}"), ("fp8_step_auto_tflops", "{:.0f}"), ("fp8_step_torch_tflops", "{:.0f}"),
                 ("speedup_step", "{:.2f}")]
 QUANT_COLUMNS = [("M", "{}"), ("K", "{}"), ("copy_GBps", "{:.0f}"), ("triton_dual_ms", "{:.3f}"),
                  ("triton_dual_GBps", "{:.0f}"), ("triton_row_ms", "{:.3f}"), ("torch_eager_dual_ms", "{:.3f}"),
@@ -307,7 +313,7 @@ def markdown(info: dict, cases: list[dict], quant: list[dict]) -> str:
         f"GPU {info['gpu']} (sm{info['capability']}), torch {info['torch']}, CUDA {info['cuda']}, "
         f"triton {info['triton']}, {info['date_utc']} UTC. TFLOP/s; medians of CUDA-event timings.",
         "",
-        "| preset | linear(s) | M | K | N | BF16 | FP8 GEMM | FP8 fwd (quant+GEMM) | x BF16 (GEMM) | BF16 fwd+bwd | FP8 fwd+bwd (Triton q) | FP8 fwd+bwd (torch q) | x BF16 (fwd+bwd) |",
+        "| preset | linear(s) | M | K | N | BF16 | FP8 GEMM | FP8 fwd (quant+GEMM) | x BF16 (GEMM) | BF16 fwd+bwd | FP8 fwd+bwd (auto q) | FP8 fwd+bwd (torch q) | x BF16 (fwd+bwd) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(c, CASE_COLUMNS) for c in cases]
@@ -323,6 +329,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--m", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--no-step", action="store_true", help="skip the forward+backward timings")
+    ap.add_argument("--bf16-weights", action="store_true",
+                    help="fwd+bwd on BF16 weights (as torchao's single-linear benchmark) instead of float32 masters")
     ap.add_argument("--quant-impls", action="store_true",
                     help="only the activation quantizers, Triton against CUDA (fp8_quant_impls.json)")
     ap.add_argument("--quant-sweep", action="store_true",
@@ -348,7 +356,7 @@ def main() -> None:
     cases = []
     extra = [{"preset": "square", "layers": "-", "M": 8192, "K": 8192, "N": 8192}]
     for c in extra + linear_cases(args.m):
-        r = run_case(c, caps, do_step=not args.no_step)
+        r = run_case(c, caps, do_step=not args.no_step, bf16_weights=args.bf16_weights)
         cases.append(r)
         print(json.dumps(r), flush=True)
     quant = quant_bandwidth()

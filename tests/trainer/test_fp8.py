@@ -541,7 +541,9 @@ def test_gemm_table_lookup_exact_then_nearest_token_count_then_none():
     assert table_entry("GPU X", "wgrad", 4096, 2048, 16384, table) == GemmChoice("cutlass", "coop_256x128")
     assert table_entry("GPU X", "wgrad", 2048, 2048, 32768, table) is None
     assert table_entry("GPU X", "fprop", 32768, 4096, 1024, table) is None
-    assert table_entry("GPU X", "dgrad", 32768, 4096, 2048, table) is None
+    # Dgrad is the same GEMM as Fprop: an exact Fprop row serves it, but not a nearest-count one
+    assert table_entry("GPU X", "dgrad", 32768, 4096, 2048, table) == GemmChoice("cutlass", "pingpong_64x256")
+    assert table_entry("GPU X", "dgrad", 16384, 4096, 2048, table) is None
     assert table_entry("GPU Y", "fprop", 32768, 4096, 2048, table) is None
     assert choose_gemm("fprop", 32768, 4096, 2048, "cublas", torch.device("cpu")) == CUBLAS
     # no usable CUTLASS library here (no CUDA): auto falls back to cuBLAS, a forced cutlass says why

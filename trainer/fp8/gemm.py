@@ -148,10 +148,16 @@ _TOKEN_DIM = {"fprop": 0, "dgrad": 0, "wgrad": 2}   # which of M, N, K counts th
 
 
 def table_entry(device_name: str, role: str, m: int, n: int, k: int, table: dict | None = None) -> GemmChoice | None:
-    """The measured choice for this role and shape on ``device_name``: the exact shape, else the same
-    weight shape measured at the nearest token count (M of Fprop/Dgrad, K of Wgrad), else None."""
-    rows = (table if table is not None else _table()).get(device_name, {}).get(role, {})
-    hit = rows.get(f"{m}x{n}x{k}")
+    """The measured choice for this role and shape on ``device_name``: the exact shape, else the exact
+    shape measured for the other role of the same kind (Fprop and Dgrad are the same GEMM: the gate
+    projection's Fprop is the down projection's Dgrad), else the same weight shape measured at the
+    nearest token count (M of Fprop/Dgrad, K of Wgrad), else None."""
+    device_rows = (table if table is not None else _table()).get(device_name, {})
+    rows = device_rows.get(role, {})
+    key = f"{m}x{n}x{k}"
+    hit = rows.get(key)
+    for sibling in (r for r in ROLE_KIND if r != role and ROLE_KIND[r] == ROLE_KIND[role]):
+        hit = hit if hit is not None else device_rows.get(sibling, {}).get(key)
     if hit is None:
         t = _TOKEN_DIM[role]
         want = (m, n, k)
