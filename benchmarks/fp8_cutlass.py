@@ -166,7 +166,7 @@ def gemm_table(record: dict, margin: float = TABLE_MARGIN, max_relerr: float = T
     return {
         "measured": record["device"]["date_utc"],
         "command": "python3 benchmarks/fp8_cutlass.py --out $OUT --write-table",
-        "rule": f"CUTLASS where its best config is >= {margin}x cuBLAS at that shape",
+        "rule": f"our library (a CUTLASS or DeepGEMM config) where its best config is >= {margin}x cuBLAS at that shape",
         "devices": {record["device"]["gpu"]: roles},
     }
 
