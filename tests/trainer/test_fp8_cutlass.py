@@ -396,6 +396,22 @@ def test_act_act_bf16_output(config):
 
 
 @gpu
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_wgrad_through_the_table_serves_either_weight_dtype(out_dtype):
+    """The table names fp32-output Wgrad configs; a BF16 weight's gradient through them (``lib="cutlass"``:
+    the table's config at the 1.7B qkv shape, or the first one) is the fp32 result rounded, not an error."""
+    if not cg.configs("act_act"):
+        pytest.skip("no act_act config in the library")
+    m, k, n = 256, 2048, 4096  # tokens, in, out: the qkv Wgrad at a short micro-batch
+    o = _operands(m, k, n)
+    caps = gemm.probe_scaled_mm("cuda")
+    dw = gemm.scaled_mm_wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], caps, out_dtype=out_dtype, lib="cutlass")
+    assert dw.dtype == out_dtype and dw.shape == (n, k)
+    err = _relerr(dw, emulated_wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"]))
+    assert err < (FP32_TOL if out_dtype == torch.float32 else BF16_TOL), f"{out_dtype}: rel. error {err:.2e}"
+
+
+@gpu
 def test_triton_quantizer_layouts_feed_the_kernels_without_copies():
     if not triton_available():
         pytest.skip("needs Triton")
