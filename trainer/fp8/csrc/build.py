@@ -10,9 +10,11 @@ holds ``include/cutlass`` and ``tools/util/include``; no CUTLASS build is needed
 here). A DeepGEMM checkout (``$DEEPGEMM_DIR`` or ``--deepgemm``: the folder holding
 ``deep_gemm/include``, github.com/deepseek-ai/DeepGEMM) is optional: with it the ``deepgemm_*``
 configs (deepgemm_configs.hpp) compile DeepGEMM's Hopper kernels; without it they are built as
-configs that answer "built without DeepGEMM" and the GEMM table cannot pick them. nvcc is looked for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, and
-the ``nvidia-cuda-nvcc`` pip wheel. The source is compiled once per kernel config (one object each,
-``--jobs`` at a time: each takes ~1-2 min and ~4 GB of memory) plus once for the exported API, and
+configs that answer "built without DeepGEMM" and the GEMM table cannot pick them. nvcc is looked
+for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, and the
+``nvidia-cuda-nvcc`` pip wheel. The source is compiled once per kernel config (one object each,
+``--jobs`` at a time: a CUTLASS one takes ~1 min and ~4 GB of memory, a DeepGEMM one ~15 s) plus once
+for the exported API, and
 ``quantize.cu`` once (no CUTLASS, seconds); all are linked
 with a static CUDA runtime, so the library needs only the driver (``libcuda.so.1``) at run time and
 nothing of torch. Objects are cached under ``OUT/obj`` by a hash of what they are built from; the
