@@ -1,7 +1,7 @@
 """CUTLASS blockwise-FP8 GEMMs (``trainer.fp8.cutlass_gemm``) against cuBLAS's (``F.scaled_mm``), same GPU, same run.
 
 For the block linears of the 1.7B preset at M = 32,768 tokens — (K, N) = (2048, 4096) stacked qkv,
-(2048, 2048) o, (2048, 12288) stacked gate-up, (6144, 2048) down — it times Fprop (x w^T), Dgrad
+(2048, 2048) o, (2048, 12288) stacked gate-up, (6144, 2048) down, and (2048, 6144) gate alone — it times Fprop (x w^T), Dgrad
 (dy w) and Wgrad (dy^T x, fp32 out) on the same pre-quantized operands: cuBLAS through
 ``gemm.scaled_mm_fprop/dgrad/wgrad`` and every config of the library that runs the shape (CUTLASS's,
 and DeepGEMM's where the library was built with it), each at the default tile order, then the two
@@ -33,7 +33,10 @@ from benchmarks.fp8_gemm import bench_ms, device_info  # noqa: E402
 from trainer.fp8 import cutlass_gemm as cg  # noqa: E402
 from trainer.fp8 import gemm, probe_scaled_mm, quantize_1x128, quantize_128x128  # noqa: E402
 
-LINEARS = [("qkv", 2048, 4096), ("o", 2048, 2048), ("gate_up", 2048, 12288), ("down", 6144, 2048)]
+LINEARS = [("qkv", 2048, 4096), ("o", 2048, 2048), ("gate_up", 2048, 12288), ("down", 6144, 2048),
+           # gate (or up) alone: not a loop shape (the loop stacks them), but the single-linear shape issue 16
+           # measures; its Fprop and Dgrad are down's Dgrad and Fprop, its Wgrad is its own
+           ("gate", 2048, 6144)]
 SCHEDULES = [(r, s) for r in ("heuristic", "m", "n") for s in (1, 2, 4, 8)]
 
 
