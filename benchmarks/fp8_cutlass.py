@@ -1,13 +1,15 @@
-"""CUTLASS blockwise-FP8 GEMMs (``trainer.fp8.cutlass_gemm``) against cuBLAS's (``F.scaled_mm``), same GPU, same run.
+"""The library's blockwise-FP8 GEMMs (``trainer.fp8.cutlass_gemm``: CUTLASS's and DeepGEMM's kernels) against
+cuBLAS's (``F.scaled_mm``), same GPU, same run.
 
 For the block linears of the 1.7B preset at M = 32,768 tokens — (K, N) = (2048, 4096) stacked qkv,
-(2048, 2048) o, (2048, 12288) stacked gate-up, (6144, 2048) down, and (2048, 6144) gate alone — it times Fprop (x w^T), Dgrad
-(dy w) and Wgrad (dy^T x, fp32 out) on the same pre-quantized operands: cuBLAS through
-``gemm.scaled_mm_fprop/dgrad/wgrad`` and every config of the library that runs the shape (CUTLASS's,
-and DeepGEMM's where the library was built with it), each at the default tile order, then the two
-fastest CUTLASS configs of each GEMM over rasterization x swizzle (DeepGEMM's order their own tiles). It also times Wgrad
-accumulating into an fp32 gradient (the library's ``out=`` against cuBLAS + ``add_``). Each result is
-checked against cuBLAS's (relative error of the norm). TFLOP/s = 2MNK / median CUDA-event time.
+(2048, 2048) o, (2048, 12288) stacked gate-up, (6144, 2048) down, and (2048, 6144) gate alone — it
+times Fprop (x w^T), Dgrad (dy w) and Wgrad (dy^T x, fp32 out) on the same pre-quantized operands:
+cuBLAS through ``gemm.scaled_mm_fprop/dgrad/wgrad`` and every config of the library that runs the
+shape (CUTLASS's, and DeepGEMM's where the library was built with it), each at the default tile
+order, then the two fastest CUTLASS configs of each GEMM over rasterization x swizzle (DeepGEMM's
+order their own tiles). It also times Wgrad accumulating into an fp32 gradient (the library's
+``out=`` against cuBLAS + ``add_``). Each result is checked against cuBLAS's (relative error of the
+norm). TFLOP/s = 2MNK / median CUDA-event time.
 
 Run on the GPU:  python benchmarks/fp8_cutlass.py --out $OUT [--write-table]   (needs .gpu_build/libpurokit_fp8_gemm.so)
 Writes fp8_cutlass.json and fp8_cutlass.md under --out; ``run(out)`` does the same from Python. With
