@@ -574,25 +574,29 @@ def test_a_table_config_the_build_lacks_falls_back_to_cublas(monkeypatch):
 def test_bf16_wgrad_on_an_fp32_table_config_is_the_rounded_fp32_result(monkeypatch):
     """The table names act_act (fp32-output) configs; a BF16 weight's Wgrad through one must run it in fp32
     and round (the act_act_bf16 kind has only its own configs), and take that kind where it has the config."""
-    from trainer.fp8 import cutlass_gemm, gemm
+    from types import SimpleNamespace
+
+    from trainer.fp8 import cutlass_gemm
 
     calls = []
 
-    def act_act(a, b, sa, sb, config, out_dtype=torch.float32, raster="heuristic", swizzle=1):
-        calls.append((config, out_dtype))
-        return torch.full((a.shape[0], b.shape[0]), 1.0 + 2**-10, dtype=out_dtype)
+    def act_act_call(a, b, sa, sb, c, d, beta, kind, config, raster, swizzle):
+        calls.append((config, kind, d.dtype))
+        d.fill_(1.0 + 2**-10)
 
-    monkeypatch.setattr(gemm, "choose_gemm", lambda *a, **k: gemm.GemmChoice("cutlass", "coop_256x128_c2x1"))
-    monkeypatch.setattr(cutlass_gemm, "act_act", act_act)
-    monkeypatch.setattr(cutlass_gemm, "configs", lambda kind, n=None, k=None: ["coop_128x128_c1x1"])
+    lib = SimpleNamespace(configs={"act_act": {"coop_256x128_c2x1": 6, "coop_128x128_c1x1": 5},
+                                   "act_act_bf16": {"coop_128x128_c1x1": 11}})
+    monkeypatch.setattr(cutlass_gemm, "library", lambda: (lib, "test"))
+    monkeypatch.setattr(cutlass_gemm, "_act_act_call", act_act_call)
     a, b = torch.zeros(256, 128), torch.zeros(384, 128)
     s_a, s_b = torch.ones(256, 1), torch.ones(384, 1)
-    y = gemm._mm_act_act(a, b, s_a, s_b, torch.bfloat16, "cutlass", True)
-    assert calls == [("coop_256x128_c2x1", torch.float32)]
+    y = cutlass_gemm.act_act(a, b, s_a, s_b, "coop_256x128_c2x1", out_dtype=torch.bfloat16)
+    assert calls == [("coop_256x128_c2x1", "act_act", torch.float32)]
     assert y.dtype == torch.bfloat16 and y.shape == (256, 384) and torch.all(y == 1.0)  # 1 + 2^-10 rounds to 1
-    monkeypatch.setattr(gemm, "choose_gemm", lambda *a, **k: gemm.GemmChoice("cutlass", "coop_128x128_c1x1"))
-    assert gemm._mm_act_act(a, b, s_a, s_b, torch.bfloat16, "cutlass", True).dtype == torch.bfloat16
-    assert calls[-1] == ("coop_128x128_c1x1", torch.bfloat16)
+    assert cutlass_gemm.act_act(a, b, s_a, s_b, "coop_128x128_c1x1", out_dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert calls[-1] == ("coop_128x128_c1x1", "act_act_bf16", torch.bfloat16)
+    assert cutlass_gemm.act_act(a, b, s_a, s_b, "coop_256x128_c2x1").dtype == torch.float32
+    assert calls[-1] == ("coop_256x128_c2x1", "act_act", torch.float32)
 
 
 def test_quantized_copies_are_row_major_even_for_transposed_inputs():

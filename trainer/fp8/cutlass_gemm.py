@@ -211,10 +211,7 @@ def configs(kind: str, n: int | None = None, k: int | None = None) -> list[str]:
     lib, _ = library()
     if lib is None:
         return []
-    names = list(lib.configs[kind])
-    if n is None and k is None:
-        return names
-    return [c for c in names if config_shape(kind, c) in (None, (n, k))]
+    return [c for c, i in lib.configs[kind].items() if n is None or lib.shapes[i] in (None, (n, k))]
 
 
 def config_shape(kind: str, config: str) -> tuple[int, int] | None:
@@ -361,9 +358,14 @@ def _act_act_op(
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"cutlass fp8 act_act: out_dtype must be float32 or bfloat16, got {out_dtype}")
     kind = "act_act" if out_dtype == torch.float32 else "act_act_bf16"
-    d = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    lib, _ = library()
+    if lib is not None and kind == "act_act_bf16" and config not in lib.configs[kind]:
+        # an fp32-output config (what the GEMM table names) asked for a BF16 result: its result rounded,
+        # as the bf16 epilogue would round it
+        kind = "act_act"
+    d = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32 if kind == "act_act" else out_dtype, device=a.device)
     _act_act_call(a, b, sa, sb, None, d, 0.0, kind, config, raster, swizzle)
-    return d
+    return d if d.dtype == out_dtype else d.to(out_dtype)
 
 
 @_act_act_op.register_fake

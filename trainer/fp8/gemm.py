@@ -154,10 +154,8 @@ def table_entry(device_name: str, role: str, m: int, n: int, k: int, table: dict
     nearest token count (M of Fprop/Dgrad, K of Wgrad), else None."""
     device_rows = (table if table is not None else _table()).get(device_name, {})
     rows = device_rows.get(role, {})
-    key = f"{m}x{n}x{k}"
-    hit = rows.get(key)
-    for sibling in (r for r in ROLE_KIND if r != role and ROLE_KIND[r] == ROLE_KIND[role]):
-        hit = hit if hit is not None else device_rows.get(sibling, {}).get(key)
+    same_kind = [role] + [r for r in ROLE_KIND if r != role and ROLE_KIND[r] == ROLE_KIND[role]]
+    hit = next((device_rows[r][f"{m}x{n}x{k}"] for r in same_kind if f"{m}x{n}x{k}" in device_rows.get(r, {})), None)
     if hit is None:
         t = _TOKEN_DIM[role]
         want = (m, n, k)
@@ -240,12 +238,8 @@ def _mm_act_act(
     cuBLAS writes float32 only where the probe found it can (``cublas_fp32_out``; else BF16, cast)."""
     choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass" and out_dtype in (torch.float32, torch.bfloat16):
-        # the table's configs are fp32-output ones; a BF16 weight's gradient takes the bf16-output kind
-        # where the library has that config, else the fp32 result rounded (the same rounding as that epilogue's)
-        direct = out_dtype == torch.float32 or choice.config in cutlass_gemm.configs("act_act_bf16")
-        y = cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out_dtype=out_dtype if direct else torch.float32,
-                                 raster=choice.raster, swizzle=choice.swizzle)
-        return y if y.dtype == out_dtype else y.to(out_dtype)
+        return cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out_dtype=out_dtype,
+                                    raster=choice.raster, swizzle=choice.swizzle)
     want = torch.bfloat16 if (out_dtype == torch.float32 and not cublas_fp32_out) else out_dtype
     y = F.scaled_mm(
         a.contiguous(), b.contiguous().t(),
