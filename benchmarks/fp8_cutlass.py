@@ -176,12 +176,22 @@ def gemm_table(record: dict, margin: float = TABLE_MARGIN, max_relerr: float = T
     }
 
 
-def write_table(record: dict, path: Path) -> dict:
-    """Write (or update: other devices' rows are kept) the GEMM table at ``path``; return it."""
+def write_table(record: dict, path: Path, merge: bool = False) -> dict:
+    """Write (or update: other devices' rows are kept) the GEMM table at ``path``; return it. ``merge``
+    (a run over some of the linears): this device's rows for the shapes not measured are kept too, and the
+    run is listed under "updates" beside the full measurement's date and command."""
     table = gemm_table(record)
     if path.exists():
-        devices = json.loads(path.read_text()).get("devices", {})
-        table["devices"] = {**devices, **table["devices"]}
+        old = json.loads(path.read_text())
+        devices = old.get("devices", {})
+        if merge:
+            gpu, roles = next(iter(table["devices"].items()))
+            kept = devices.get(gpu, {})
+            merged = {role: {**kept.get(role, {}), **roles.get(role, {})} for role in {*kept, *roles}}
+            update = {"measured": table["measured"], "command": record.get("command", table["command"])}
+            table = {**old, "updates": old.get("updates", []) + [update], "devices": {**devices, gpu: merged}}
+        else:
+            table["devices"] = {**devices, **table["devices"]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(table, indent=1) + "\n")
@@ -256,15 +266,19 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--m", type=int, default=32768, help="tokens (M of Fprop/Dgrad, K of Wgrad)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the rasterization x swizzle sweep")
+    ap.add_argument("--linears", nargs="+", choices=[name for name, _, _ in LINEARS],
+                    help="only these linears; --write-table then merges their rows into the table at PATH")
     ap.add_argument("--write-table", nargs="?", const="", metavar="PATH",
                     help="also write the per-shape GEMM table trainer.fp8.gemm reads (PATH default: "
                     f"OUT/gemm_table.json; it belongs at {gemm.GEMM_TABLE.relative_to(REPO)})")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    record = run(args.out, args.m, sweep=not args.no_sweep)
+    linears = [lin for lin in LINEARS if lin[0] in args.linears] if args.linears else LINEARS
+    record = run(args.out, args.m, sweep=not args.no_sweep, linears=linears)
+    record["command"] = "python3 benchmarks/fp8_cutlass.py " + " ".join(sys.argv[1:])
     if args.write_table is not None:
         path = Path(args.write_table) if args.write_table else Path(args.out) / "gemm_table.json"
-        print(json.dumps(write_table(record, path), indent=1))
+        print(json.dumps(write_table(record, path, merge=bool(args.linears)), indent=1))
 
 
 if __name__ == "__main__":

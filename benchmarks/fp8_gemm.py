@@ -107,10 +107,12 @@ def linear_cases(ms: list[int]) -> list[dict]:
     return cases
 
 
-def run_case(c: dict, caps, do_step: bool, bf16_weights: bool = False) -> dict:
+def run_case(c: dict, caps, do_step: bool, bf16_weights: bool = False, graph: bool = False) -> dict:
     """One linear: the GEMMs alone, then fwd+bwd of ``F.linear`` (BF16) and of ``fp8_linear`` with the
     product's quantizers (``auto``) and with the torch ones, on float32 master weights under autocast as the
-    trainer holds them, or on BF16 weights (``bf16_weights``: as torchao's single-linear benchmark does)."""
+    trainer holds them, or on BF16 weights (``bf16_weights``: as torchao's single-linear benchmark does).
+    ``graph``: the fwd+bwd steps are also timed as CUDA-graph replays (``*_graph_tflops``), the GPU's time
+    alone, as in the compiled loop where the host runs ahead."""
     m, k, n = c["M"], c["K"], c["N"]
     dev = "cuda"
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -158,6 +160,14 @@ def run_case(c: dict, caps, do_step: bool, bf16_weights: bool = False) -> dict:
         for quantizer in (["auto"] if triton_available() else []) + ["torch"]:
             t = bench_ms(fp8_step(quantizer), reps=3, inner=5)
             out[f"fp8_step_{quantizer}_tflops"] = 3 * flop / t / 1e9
+        if graph:
+            for key, fn in (("bf16_step", bf16_step), ("fp8_step_auto", fp8_step("auto"))):
+                try:
+                    out[f"{key}_graph_tflops"] = 3 * flop / bench_ms(fn, reps=3, inner=5, graph=True) / 1e9
+                except Exception as e:  # noqa: BLE001 -- a capture failure is reported, not fatal
+                    out[f"{key}_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+            if "fp8_step_auto_graph_tflops" in out and "bf16_step_graph_tflops" in out:
+                out["speedup_step_graph"] = out["fp8_step_auto_graph_tflops"] / out["bf16_step_graph_tflops"]
         xr.grad = None
         wr.grad = None
     out["speedup_gemm"] = out["fp8_gemm_tflops"] / out["bf16_tflops"]
@@ -302,7 +312,8 @@ def _row(r: dict, columns: list[tuple[str, str]]) -> str:
 CASE_COLUMNS = [("preset", "{}"), ("layers", "{}"), ("M", "{}"), ("K", "{}"), ("N", "{}"), ("bf16_tflops", "{:.0f}"),
                 ("fp8_gemm_tflops", "{:.0f}"), ("fp8_fwd_tflops", "{:.0f}"), ("speedup_gemm", "{:.2f}"),
                 ("bf16_step_tflops", "{:.0f}"), ("fp8_step_auto_tflops", "{:.0f}"), ("fp8_step_torch_tflops", "{:.0f}"),
-                ("speedup_step", "{:.2f}")]
+                ("speedup_step", "{:.2f}"), ("bf16_step_graph_tflops", "{:.0f}"),
+                ("fp8_step_auto_graph_tflops", "{:.0f}"), ("speedup_step_graph", "{:.2f}")]
 QUANT_COLUMNS = [("M", "{}"), ("K", "{}"), ("copy_GBps", "{:.0f}"), ("triton_dual_ms", "{:.3f}"),
                  ("triton_dual_GBps", "{:.0f}"), ("triton_row_ms", "{:.3f}"), ("torch_eager_dual_ms", "{:.3f}"),
                  ("torch_compiled_dual_ms", "{:.3f}"), ("torch_compiled_dual_GBps", "{:.0f}")]
@@ -313,8 +324,8 @@ def markdown(info: dict, cases: list[dict], quant: list[dict]) -> str:
         f"GPU {info['gpu']} (sm{info['capability']}), torch {info['torch']}, CUDA {info['cuda']}, "
         f"triton {info['triton']}, {info['date_utc']} UTC. TFLOP/s; medians of CUDA-event timings.",
         "",
-        "| preset | linear(s) | M | K | N | BF16 | FP8 GEMM | FP8 fwd (quant+GEMM) | x BF16 (GEMM) | BF16 fwd+bwd | FP8 fwd+bwd (auto q) | FP8 fwd+bwd (torch q) | x BF16 (fwd+bwd) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| preset | linear(s) | M | K | N | BF16 | FP8 GEMM | FP8 fwd (quant+GEMM) | x BF16 (GEMM) | BF16 fwd+bwd | FP8 fwd+bwd (auto q) | FP8 fwd+bwd (torch q) | x BF16 (fwd+bwd) | BF16 fwd+bwd (graph) | FP8 fwd+bwd (graph) | x BF16 (graph) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(c, CASE_COLUMNS) for c in cases]
     lines += ["", "Quantization (x: M x K BF16 -> row copy + transposed copy, pow2 scales):", "",
@@ -331,6 +342,11 @@ def main() -> None:
     ap.add_argument("--no-step", action="store_true", help="skip the forward+backward timings")
     ap.add_argument("--bf16-weights", action="store_true",
                     help="fwd+bwd on BF16 weights (as torchao's single-linear benchmark) instead of float32 masters")
+    ap.add_argument("--shapes", nargs="+", metavar="KxN",
+                    help="only these single linears (in-features x out-features) at each --m, e.g. issue 16's "
+                    "2048x2048 2048x6144 6144x2048, instead of every linear of the presets")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each fwd+bwd as CUDA-graph replays (the GPU's time alone)")
     ap.add_argument("--quant-impls", action="store_true",
                     help="only the activation quantizers, Triton against CUDA (fp8_quant_impls.json)")
     ap.add_argument("--quant-sweep", action="store_true",
@@ -354,12 +370,16 @@ def main() -> None:
     if not caps.blockwise:
         raise SystemExit(f"blockwise F.scaled_mm unavailable: {caps.reason}")
     cases = []
-    extra = [{"preset": "square", "layers": "-", "M": 8192, "K": 8192, "N": 8192}]
-    for c in extra + linear_cases(args.m):
-        r = run_case(c, caps, do_step=not args.no_step, bf16_weights=args.bf16_weights)
+    if args.shapes:
+        todo = [{"preset": "single", "layers": "-", "M": m, "K": int(k), "N": int(n)}
+                for m in args.m for k, n in (s.lower().split("x") for s in args.shapes)]
+    else:
+        todo = [{"preset": "square", "layers": "-", "M": 8192, "K": 8192, "N": 8192}] + linear_cases(args.m)
+    for c in todo:
+        r = run_case(c, caps, do_step=not args.no_step, bf16_weights=args.bf16_weights, graph=args.graph)
         cases.append(r)
         print(json.dumps(r), flush=True)
-    quant = quant_bandwidth()
+    quant = [] if args.shapes else quant_bandwidth()
     for r in quant:
         print(json.dumps(r), flush=True)
     (out / "fp8_gemm.json").write_text(json.dumps({"device": info, "cases": cases, "quant": quant}, indent=1))

@@ -207,6 +207,24 @@ def test_gemm_table_takes_cutlass_only_where_faster_and_in_agreement(tmp_path):
     assert gemm.table_entry("NVIDIA H100", "fprop", 32768, 2048, 2048, table["devices"]) is None
 
 
+def test_a_run_over_some_linears_merges_its_rows_into_the_table(tmp_path):
+    path = tmp_path / "gemm_table.json"
+    full = {"device": {"gpu": "NVIDIA H200", "date_utc": "2026-12-03 12:36"}, "best": [
+        _best("fprop", (32768, 2048, 2048), 1.17, 0.0), _best("wgrad", (2048, 6144, 32768), 1.10, 0.0)]}
+    fp8_cutlass.write_table(full, path)
+    part = {"device": {"gpu": "NVIDIA H200", "date_utc": "2026-12-04 09:00"},
+            "command": "python3 benchmarks/fp8_cutlass.py --linears gate --write-table", "best": [
+                _best("wgrad", (6144, 2048, 32768), 1.08, 0.0), _best("fprop", (32768, 2048, 2048), 0.99, 0.0)]}
+    table = fp8_cutlass.write_table(part, path, merge=True)
+    assert json.loads(path.read_text()) == table
+    rows = table["devices"]["NVIDIA H200"]
+    assert rows["wgrad"]["2048x6144x32768"]["library"] == "cutlass"      # kept: not measured again
+    assert rows["wgrad"]["6144x2048x32768"]["library"] == "cutlass"      # added
+    assert rows["fprop"]["32768x2048x2048"] == {"library": "cublas"}     # re-measured: the new verdict
+    assert table["measured"] == "2026-12-03 12:36"
+    assert table["updates"] == [{"measured": "2026-12-04 09:00", "command": part["command"]}]
+
+
 def test_the_committed_gemm_table_names_configs_the_source_builds():
     names = {(cg.KINDS[int(kind)], name) for kind, name in
              re.findall(r'X\(\d+,\s*(\d+),\s*"([^"]+)"', SOURCE)}
