@@ -187,7 +187,7 @@ def write_table(record: dict, path: Path, merge: bool = False) -> dict:
         if merge:
             gpu, roles = next(iter(table["devices"].items()))
             kept = devices.get(gpu, {})
-            merged = {role: {**kept.get(role, {}), **roles.get(role, {})} for role in {*kept, *roles}}
+            merged = {role: {**kept.get(role, {}), **roles.get(role, {})} for role in [*kept, *(r for r in roles if r not in kept)]}
             update = {"measured": table["measured"], "command": record.get("command", table["command"])}
             table = {**old, "updates": old.get("updates", []) + [update], "devices": {**devices, gpu: merged}}
         else:
