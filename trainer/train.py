@@ -570,15 +570,16 @@ class Stepper:
         dtype = compute_dtype(precision)
         self.copies = (ComputeCopies(built.model, dtype, compile=cfg.compile and dist_.device.type == "cuda")
                        if dtype and dist_.world == 1 else None)
-        # FP8 weights quantized once a step, not once a micro-batch; one process, as the BF16 copies (FSDP holds
-        # only shards between forwards, and DDP syncs module buffers, which the step copies are)
+        # FP8 weights quantized once a step, not once a micro-batch, and their Wgrads added into one fp32 buffer a
+        # stack inside the GEMMs; one process, as the BF16 copies (FSDP holds only shards between forwards, DDP
+        # syncs module buffers, which the step copies are, and both hook the weights' own gradient accumulation)
         self.fp8_stacks = weight_stacks(built.model) if precision == "fp8-blockwise" and dist_.world == 1 else None
 
     def _fp8_step_weights(self):
         if not self.fp8_stacks:
             return contextlib.nullcontext()
         from trainer.fp8 import step_weights
-        return step_weights(self.fp8_stacks, stacked_weight)
+        return step_weights(self.fp8_stacks, stacked_weight, grads=True)
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world

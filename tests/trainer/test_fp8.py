@@ -666,6 +666,59 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
     assert all(m.step_q is None for m in fp8)
 
 
+def test_step_weights_add_the_wgrads_into_one_buffer_a_stack_bit_for_bit():
+    """`step_weights(grads=True)`: each stack's Wgrads of a step's micro-batches are added into one float32
+    buffer (the GEMM's accumulate, here the emulation's) instead of being returned to autograd; each weight's
+    `.grad` is then its rows of the buffer: the same bits as autograd's accumulation, eager and in blocks
+    traced as the loop compiles them (the buffer is an input the compiled backward mutates). A gradient something else left on a weight is added to; a
+    step that raises assigns nothing."""
+    from trainer.fp8 import step_weights
+    from trainer.model import build_model, preset_config, stacked_weight, weight_stacks
+
+    torch._dynamo.reset()
+    cfg = preset_config("tiny", vocab_size=512)
+    model = convert_to_fp8(build_model(cfg, seed=0), Fp8Recipe(backend="emulate"))
+    gen = torch.Generator().manual_seed(5)
+    batches = [torch.randint(0, 512, (2, 64), generator=gen) for _ in range(3)]
+
+    def step(ctx):
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            for ids in batches:
+                F.cross_entropy(model(ids).reshape(-1, 512), ids.reshape(-1)).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ref = step(step_weights(weight_stacks(model), stacked_weight))
+    got = step(step_weights(weight_stacks(model), stacked_weight, grads=True))
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    # AOTAutograd (what traces the loop's compiled blocks) with the buffer as an input its backward mutates;
+    # aot_eager: Inductor's CPU code generation fails on the emulated quantizers, compiled or not, where on the
+    # GPU the quantizers and GEMMs are custom ops (tests/trainer/test_fp8_gpu.py compiles with Inductor)
+    for block in model.model.layers:
+        block.compile(backend="aot_eager")
+    compiled = step(step_weights(weight_stacks(model), stacked_weight, grads=True))
+    assert all(torch.equal(a, b) for a, b in zip(compiled, ref))
+    q = model.model.layers[0].self_attn.q_proj
+    assert q.step_grad is None and q.weight.grad.data_ptr() == q._grad_buffer.data_ptr()   # a view, not a copy
+    again = step(step_weights(weight_stacks(model), stacked_weight, grads=True))           # zeroed on entry
+    assert all(torch.equal(a, b) for a, b in zip(again, ref))
+    # a gradient already on a weight is added to
+    model.zero_grad(set_to_none=True)
+    down = model.model.layers[0].mlp.down_proj
+    down.weight.grad = torch.ones_like(down.weight)
+    with step_weights(weight_stacks(model), stacked_weight, grads=True):
+        for ids in batches:
+            F.cross_entropy(model(ids).reshape(-1, 512), ids.reshape(-1)).backward()
+    i = [n for n, _ in model.named_parameters()].index("model.layers.0.mlp.down_proj.weight")
+    assert torch.equal(down.weight.grad, ref[i] + 1)
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        with step_weights(weight_stacks(model), stacked_weight, grads=True):
+            F.cross_entropy(model(batches[0]).reshape(-1, 512), batches[0].reshape(-1)).backward()
+            raise RuntimeError("boom")
+    assert q.weight.grad is None and q.step_grad is None
+
+
 def test_a_step_copy_is_used_only_for_a_weight_of_its_shape():
     """A layer whose step copy holds a stack computes its own weight alone as if it had none."""
     layer = Fp8Linear(256, 128, bias=False, recipe=Fp8Recipe(backend="emulate"))

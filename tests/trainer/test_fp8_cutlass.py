@@ -430,6 +430,23 @@ def test_wgrad_through_the_table_serves_either_weight_dtype(out_dtype):
 
 
 @gpu
+@pytest.mark.parametrize("lib", ["cutlass", "cublas"])
+def test_wgrad_into_the_fp32_gradient_adds_what_the_wgrad_returns(lib):
+    """`scaled_mm_wgrad_into` (the Wgrad of `step_weights(grads=True)`): the CUTLASS epilogue's beta = 1 addition
+    and cuBLAS's product added give, twice over, the bits of the returned gradient summed as autograd sums."""
+    if lib == "cutlass" and not cg.configs("act_act"):
+        pytest.skip("no act_act config in the library")
+    m, k, n = 256, 2048, 4096
+    o = _operands(m, k, n)
+    caps = gemm.probe_scaled_mm("cuda")
+    dw = gemm.scaled_mm_wgrad(o["dytq"], o["dyts"], o["xtq"], o["xts"], caps, lib=lib)
+    grad = torch.zeros(n, k, device="cuda")
+    for _ in range(2):
+        gemm.scaled_mm_wgrad_into(o["dytq"], o["dyts"], o["xtq"], o["xts"], grad, caps, lib=lib)
+    assert torch.equal(grad, dw + dw)
+
+
+@gpu
 def test_triton_quantizer_layouts_feed_the_kernels_without_copies():
     if not triton_available():
         pytest.skip("needs Triton")

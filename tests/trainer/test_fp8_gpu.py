@@ -346,3 +346,9 @@ def test_step_weights_in_compiled_blocks_give_the_same_step():
     assert worst < 0.05, f"gradients differ by {worst:.3g} (relative norm)"
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
     assert graphs == 2, f"{graphs} graphs compiled for 3 blocks in two modes (without and with step copies)"
+    # the Wgrads added into one fp32 buffer a stack (the buffer an input the compiled backward mutates): the
+    # step's losses, and its gradients summed in the same order
+    into, into_grads = step(step_weights(weight_stacks(model), stacked_weight, grads=True))
+    torch.testing.assert_close(into, losses, rtol=1e-4, atol=0)
+    worst = max(_rel(a, b) for a, b in zip(into_grads, grads))
+    assert worst < 1e-2, f"gradients added into the buffers differ by {worst:.3g} (relative norm)"

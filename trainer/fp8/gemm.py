@@ -80,6 +80,20 @@ def emulated_wgrad(dytq, dyts, xtq, xts, compute_dtype=torch.float32) -> torch.T
         return a @ b.t()
 
 
+@torch.library.custom_op("purokit_fp8::emulated_wgrad_into", mutates_args=("out",))
+def emulated_wgrad_into(dytq: torch.Tensor, dyts: torch.Tensor, xtq: torch.Tensor, xts: torch.Tensor,
+                        out: torch.Tensor) -> None:
+    """``out += emulated_wgrad(...)`` in place, as one op: the emulation's form of the GEMM that accumulates
+    (`scaled_mm_wgrad_into`), opaque to Inductor as that one is (whose CPU code generation failed on the
+    dequantization fused into the in-place addition)."""
+    out.add_(emulated_wgrad(dytq, dyts, xtq, xts))
+
+
+@emulated_wgrad_into.register_fake
+def _(dytq, dyts, xtq, xts, out):
+    return None
+
+
 # ----------------------------------------------------------------------------------------------
 # cuBLAS blockwise through F.scaled_mm (CUDA, Hopper and later)
 # ----------------------------------------------------------------------------------------------
@@ -255,6 +269,26 @@ def _(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
+@torch.library.custom_op("purokit_fp8::mm_1x128_1x128_into", mutates_args=("out",))
+def _mm_act_act_into(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out: torch.Tensor,
+    lib: str, cublas_fp32_out: bool,
+) -> None:
+    """``out += a (N, R) @ b (K, R)^T`` into a float32 ``out`` (Wgrad into the fp32 gradient): a CUTLASS
+    config adds in its epilogue (beta = 1, so no product is written and read back), cuBLAS's product is added."""
+    choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
+    if choice.library == "cutlass":
+        cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out=out, beta=1.0, raster=choice.raster,
+                             swizzle=choice.swizzle)
+    else:
+        out.add_(_mm_act_act(a, b, scale_a, scale_b, torch.float32, lib, cublas_fp32_out))
+
+
+@_mm_act_act_into.register_fake
+def _(a, b, scale_a, scale_b, out, lib, cublas_fp32_out):
+    return None
+
+
 def scaled_mm_fprop(xq, xs, wq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloat16, lib: str = "cublas") -> torch.Tensor:
     """``y (M, N) = x (M, K) w (N, K)^T``. ``ws`` is (N/128, K/128)."""
     return _mm_act_weight(xq, wq, xs, ws, caps.pad_block_scales, out_dtype, lib, "fprop")
@@ -269,6 +303,11 @@ def scaled_mm_dgrad(dyq, dys, wtq, ws, caps: ScaledMmCaps, out_dtype=torch.bfloa
 def scaled_mm_wgrad(dytq, dyts, xtq, xts, caps: ScaledMmCaps, out_dtype=torch.float32, lib: str = "cublas") -> torch.Tensor:
     """``dw (N, K) = dy^T (N, M) x (M, K)``; ``dytq`` (N, M) and ``xtq`` (K, M) are quantized along M."""
     return _mm_act_act(dytq, xtq, dyts, xts, out_dtype, lib, caps.wgrad_fp32_out)
+
+
+def scaled_mm_wgrad_into(dytq, dyts, xtq, xts, out: torch.Tensor, caps: ScaledMmCaps, lib: str = "cublas") -> None:
+    """``out (N, K) += dy^T x`` in place, ``out`` float32 (as :func:`scaled_mm_wgrad`, accumulated)."""
+    _mm_act_act_into(dytq, xtq, dyts, xts, out, lib, caps.wgrad_fp32_out)
 
 
 def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -155,8 +155,8 @@ def _output_dtype(x: torch.Tensor) -> torch.dtype:
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, step_q, step_s, step_qt, scale_format: str, backend: str, quantizer: str,
-                lib: str, out_dtype: torch.dtype):
+    def forward(ctx, x, weight, bias, step_q, step_s, step_qt, grad_into, scale_format: str, backend: str,
+                quantizer: str, lib: str, out_dtype: torch.dtype):
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -174,12 +174,13 @@ class _Fp8LinearFn(torch.autograd.Function):
         ctx.save_for_backward(
             xtq if need_dw else None, xts if need_dw else None,
             w_for_dgrad if need_dx else None, ws if need_dx else None,
+            grad_into if need_dw else None,
         )
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        xtq, xts, wdq, ws = ctx.saved_tensors
+        xtq, xts, wdq, ws, grad_into = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n = dy.shape[-1]
         dy2 = dy.reshape(-1, n)
@@ -191,10 +192,10 @@ class _Fp8LinearFn(torch.autograd.Function):
         if need_dx:
             dx = _dgrad(dyq, dys, wdq, ws, backend, dy, ctx.lib).to(ctx.x_dtype).reshape(ctx.x_shape)
         if need_dw:
-            dw = _wgrad(dytq, dyts, xtq, xts, backend, dy, ctx.w_dtype, ctx.lib)
+            dw = _wgrad(dytq, dyts, xtq, xts, backend, dy, ctx.w_dtype, ctx.lib, into=grad_into)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
-        return dx, dw, db, None, None, None, None, None, None, None, None
+        return dx, dw, db, *([None] * 9)
 
 
 def _dgrad(dyq, dys, wdq, ws, backend, like, lib):
@@ -203,7 +204,15 @@ def _dgrad(dyq, dys, wdq, ws, backend, like, lib):
     return gemm.emulated_dgrad(dyq, dys, wdq, ws)
 
 
-def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype, lib):
+def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype, lib, into=None):
+    """The weight gradient, or None where it is added into ``into`` (the step's float32 gradient buffer,
+    `step_weights(grads=True)`): in the GEMM's epilogue, with no product written and read back."""
+    if into is not None:
+        if backend == SCALED_MM:
+            gemm.scaled_mm_wgrad_into(dytq, dyts, xtq, xts, into, _caps_for(like), lib=lib)
+        else:
+            gemm.emulated_wgrad_into(dytq, dyts, xtq, xts, into)
+        return None
     if backend == SCALED_MM:
         return gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(like), out_dtype=w_dtype, lib=lib)
     return gemm.emulated_wgrad(dytq, dyts, xtq, xts).to(w_dtype)
@@ -262,20 +271,21 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
     FP8 ``x^T`` and ``h^T`` (Wgrads), the FP8 weights (Dgrads) and the BF16 gate-up output."""
 
     @staticmethod
-    def forward(ctx, x, w_gu, w_down, gu_q, gu_s, gu_qt, down_q, down_s, down_qt, scale_format: str,
-                backend: str, quantizer: str, lib: str, out_dtype: torch.dtype):
+    def forward(ctx, x, w_gu, w_down, gu_q, gu_s, gu_qt, gu_grad, down_q, down_s, down_qt, down_grad,
+                scale_format: str, backend: str, quantizer: str, lib: str, out_dtype: torch.dtype):
         x2 = x.reshape(-1, x.shape[-1])
         y, saved = _swiglu_forward(x2, w_gu, w_down, scale_format, backend, quantizer, lib, out_dtype,
                                    *ctx.needs_input_grad[:3], step_gu=(gu_q, gu_s, gu_qt),
                                    step_down=(down_q, down_s, down_qt))
         ctx.scale_format, ctx.backend, ctx.quantizer, ctx.lib = scale_format, backend, quantizer, lib
         ctx.x_shape, ctx.x_dtype, ctx.w_dtypes = x.shape, x.dtype, (w_gu.dtype, w_down.dtype)
-        ctx.save_for_backward(*saved)
+        ctx.save_for_backward(*saved, gu_grad if ctx.needs_input_grad[1] else None,
+                              down_grad if ctx.needs_input_grad[2] else None)
         return y.reshape(*x.shape[:-1], w_down.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        gu, xtq, xts, wdq, ws, htq, hts, w2dq, w2s = ctx.saved_tensors
+        gu, xtq, xts, wdq, ws, htq, hts, w2dq, w2s, gu_grad, down_grad = ctx.saved_tensors
         need_dx, need_dwgu, need_dwd = ctx.needs_input_grad[:3]
         need_dh = need_dx or need_dwgu
         fmt, quantizer, backend = ctx.scale_format, ctx.quantizer, ctx.backend
@@ -283,7 +293,7 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
         (dyq, dys), (dytq, dyts) = _quant_act(dy2, fmt, quantizer, backend, rows=need_dh, transposed=need_dwd)
         dx = dw_gu = dw_down = None
         if need_dwd:
-            dw_down = _wgrad(dytq, dyts, htq, hts, backend, dy, ctx.w_dtypes[1], ctx.lib)
+            dw_down = _wgrad(dytq, dyts, htq, hts, backend, dy, ctx.w_dtypes[1], ctx.lib, into=down_grad)
         if need_dh:
             dh = _dgrad(dyq, dys, w2dq, w2s, backend, dy, ctx.lib).to(gu.dtype)
             (gq, gs), (gtq, gts) = _swiglu_bwd_quant(gu, dh, fmt, quantizer, backend, rows=need_dx,
@@ -291,12 +301,13 @@ class _Fp8SwiGLUFn(torch.autograd.Function):
             if need_dx:
                 dx = _dgrad(gq, gs, wdq, ws, backend, dy, ctx.lib).to(ctx.x_dtype).reshape(ctx.x_shape)
             if need_dwgu:
-                dw_gu = _wgrad(gtq, gts, xtq, xts, backend, dy, ctx.w_dtypes[0], ctx.lib)
-        return dx, dw_gu, dw_down, *([None] * 11)
+                dw_gu = _wgrad(gtq, gts, xtq, xts, backend, dy, ctx.w_dtypes[0], ctx.lib, into=gu_grad)
+        return dx, dw_gu, dw_down, *([None] * 13)
 
 
 def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer_pref: str,
-                lib: str, step_gu: tuple = _NO_STEP, step_down: tuple = _NO_STEP) -> torch.Tensor | None:
+                lib: str, step_gu: tuple = _NO_STEP, step_down: tuple = _NO_STEP,
+                grads: tuple = (None, None)) -> torch.Tensor | None:
     """The fused SwiGLU MLP, or None where its linears would not run on one backend and quantizer
     (then the caller runs them one by one)."""
     backend, quantizer = _resolve(backend_pref, quantizer_pref, x, w_gu)
@@ -307,7 +318,8 @@ def _fp8_swiglu(x, w_gu, w_down, scale_format: str, backend_pref: str, quantizer
         y, _ = _swiglu_forward(x.reshape(-1, x.shape[-1]), w_gu, w_down, scale_format, backend, quantizer, lib,
                                out_dtype, False, False, False, step_gu, step_down)
         return y.reshape(*x.shape[:-1], w_down.shape[0])
-    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, *step_gu, *step_down, scale_format, backend, quantizer, lib, out_dtype)
+    return _Fp8SwiGLUFn.apply(x, w_gu, w_down, *step_gu, grads[0], *step_down, grads[1], scale_format, backend,
+                              quantizer, lib, out_dtype)
 
 
 def fp8_linear(
@@ -322,7 +334,7 @@ def fp8_linear(
 
 
 def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer_pref: str, lib: str,
-                step: tuple = _NO_STEP) -> torch.Tensor:
+                step: tuple = _NO_STEP, grad_into: torch.Tensor | None = None) -> torch.Tensor:
     backend, quantizer = _resolve(backend_pref, quantizer_pref, x, weight)
     out_dtype = _output_dtype(x)
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
@@ -334,7 +346,7 @@ def _fp8_linear(x, weight, bias, scale_format: str, backend_pref: str, quantizer
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
-    return _Fp8LinearFn.apply(x, weight, bias, *step, scale_format, backend, quantizer, lib, out_dtype)
+    return _Fp8LinearFn.apply(x, weight, bias, *step, grad_into, scale_format, backend, quantizer, lib, out_dtype)
 
 
 class Fp8Linear(nn.Linear):
@@ -347,9 +359,10 @@ class Fp8Linear(nn.Linear):
         self.set_recipe(recipe)
 
     def _register_step_buffers(self) -> None:
-        # the step's FP8 copy of the weight this layer computes with (`set_step_weight`); None outside a step.
-        # Buffers, so that a compiled block takes them as inputs (one graph for every block), never saved
-        for name in ("step_q", "step_s", "step_qt"):
+        # the step's FP8 copy of the weight this layer computes with (`set_step_weight`), and the float32 buffer
+        # its weight gradient is added into (`step_weights(grads=True)`); None outside a step. Buffers, so that
+        # a compiled block takes them as inputs (one graph for every block), never saved
+        for name in ("step_q", "step_s", "step_qt", "step_grad"):
             self.register_buffer(name, None, persistent=False)
 
     def set_recipe(self, recipe: Fp8Recipe | None) -> None:
@@ -384,13 +397,18 @@ class Fp8Linear(nn.Linear):
                                                                transposed=True)
 
     def clear_step_weight(self) -> None:
-        self.step_q = self.step_s = self.step_qt = None
+        self.step_q = self.step_s = self.step_qt = self.step_grad = None
 
     def step_weight(self, weight: torch.Tensor) -> tuple:
         """The step's copy (q, s, qt) when it is the quantization of a weight shaped like ``weight``, else Nones."""
         if self.step_q is None or self.step_q.shape != weight.shape:
             return _NO_STEP
         return self.step_q, self.step_s, self.step_qt
+
+    def step_grad_into(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The step's gradient buffer when it holds the gradient of a weight shaped like ``weight``, else None."""
+        g = self.step_grad
+        return g if g is not None and g.shape == weight.shape and weight.requires_grad else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_weight(x, self.weight, self.bias)
@@ -399,7 +417,7 @@ class Fp8Linear(nn.Linear):
         """This layer's recipe applied to another weight: `trainer.model.sibling_linears` passes the
         stacked weights of q, k, v (or gate, up) so that their shared input is quantized once."""
         return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref, self.gemm_pref,
-                           self.step_weight(weight))
+                           self.step_weight(weight), self.step_grad_into(weight))
 
     def forward_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor,
                        gate_up_owner: "Fp8Linear | None" = None) -> torch.Tensor | None:
@@ -411,8 +429,10 @@ class Fp8Linear(nn.Linear):
         if self.bias is not None:
             return None
         step_gu = gate_up_owner.step_weight(w_gate_up) if gate_up_owner is not None else _NO_STEP
+        grad_gu = gate_up_owner.step_grad_into(w_gate_up) if gate_up_owner is not None else None
         return _fp8_swiglu(x, w_gate_up, self.weight, self.scale_format, self.backend_pref, self.quantizer_pref,
-                           self.gemm_pref, step_gu, self.step_weight(self.weight))
+                           self.gemm_pref, step_gu, self.step_weight(self.weight),
+                           (grad_gu, self.step_grad_into(self.weight)))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fp8=blockwise-e4m3, scales={self.scale_format}, backend={self.backend_pref}, gemm={self.gemm_pref}"
@@ -420,21 +440,50 @@ class Fp8Linear(nn.Linear):
 
 @contextlib.contextmanager
 def step_weights(stacks: Iterable[tuple[nn.Module, ...]],
-                 stack: Callable[[tuple[nn.Module, ...]], torch.Tensor]) -> Iterator[int]:
+                 stack: Callable[[tuple[nn.Module, ...]], torch.Tensor], grads: bool = False) -> Iterator[int]:
     """Quantize each FP8 weight stack once for an optimizer step's micro-batches, instead of once a
     micro-batch: a stack (``trainer.model.weight_stacks``) of ``Fp8Linear`` siblings is stacked by ``stack``
-    (``trainer.model.stacked_weight``, what the forward stacks) and quantized into its first linear's step copy (`Fp8Linear.set_step_weight`), which every forward of the
-    step then reads; the weight gradients still flow to each parameter. Yields the number of copies made;
-    the copies are dropped on exit (before the optimizer steps), even when the step raises."""
+    (``trainer.model.stacked_weight``, what the forward stacks) and quantized into its first linear's step copy
+    (`Fp8Linear.set_step_weight`), which every forward of the step then reads. Yields the number of copies made;
+    the copies are dropped on exit (before the optimizer steps), even when the step raises.
+
+    ``grads``: the Wgrad GEMMs of the step add into one float32 buffer a stack, zeroed on entry (the GEMM's
+    epilogue adds, so no micro-batch's gradient is written and then added: Megatron's gradient-accumulation
+    fusion), instead of returning each micro-batch's gradient to autograd. When the step ends without an error,
+    each weight's ``.grad`` is its rows of the buffer (a view; added to a ``.grad`` something else left). The same
+    float32 sums in the same order as autograd's accumulation, bit for bit. The buffers are allocated once and
+    kept (as ``.grad`` would be); only for one process (DDP and FSDP hook the weights' own accumulation)."""
     owners = []
     try:
         for linears in stacks:
             owner = linears[0]
             if not isinstance(owner, Fp8Linear) or any(type(m) is not type(owner) for m in linears):
                 continue
-            owner.set_step_weight(stack(linears))
-            owners.append(owner)
+            w = stack(linears)
+            owner.set_step_weight(w)
+            if grads and w.requires_grad:
+                buffer = getattr(owner, "_grad_buffer", None)
+                if buffer is None or buffer.shape != w.shape or buffer.device != w.device:
+                    buffer = owner._grad_buffer = torch.empty(w.shape, dtype=torch.float32, device=w.device)
+                owner.step_grad = buffer
+            owners.append((owner, linears))
+        buffers = [o.step_grad for o, _ in owners if o.step_grad is not None]
+        if buffers:
+            torch._foreach_zero_(buffers)
         yield len(owners)
+        for owner, linears in owners:
+            if owner.step_grad is not None:
+                _assign_grads(linears, owner.step_grad)
     finally:
-        for owner in owners:
+        for owner, _ in owners:
             owner.clear_step_weight()
+
+
+@torch.no_grad()
+def _assign_grads(linears: tuple[nn.Module, ...], buffer: torch.Tensor) -> None:
+    """Each linear's rows of a stack's gradient buffer as its weight's ``.grad``."""
+    for m, g in zip(linears, buffer.split([m.weight.shape[0] for m in linears])):
+        if m.weight.grad is None:
+            m.weight.grad = g
+        else:
+            m.weight.grad.add_(g)
