@@ -711,6 +711,14 @@ def test_step_weights_add_the_wgrads_into_one_buffer_a_stack_bit_for_bit():
             F.cross_entropy(model(ids).reshape(-1, 512), ids.reshape(-1)).backward()
     i = [n for n, _ in model.named_parameters()].index("model.layers.0.mlp.down_proj.weight")
     assert torch.equal(down.weight.grad, ref[i] + 1)
+    # a frozen sibling in a stack gets no gradient from the buffer
+    model.zero_grad(set_to_none=True)
+    k = model.model.layers[0].self_attn.k_proj
+    k.weight.requires_grad_(False)
+    with step_weights(weight_stacks(model), stacked_weight, grads=True):
+        F.cross_entropy(model(batches[0]).reshape(-1, 512), batches[0].reshape(-1)).backward()
+    assert k.weight.grad is None and q.weight.grad is not None
+    k.weight.requires_grad_(True)
     model.zero_grad(set_to_none=True)
     with pytest.raises(RuntimeError, match="boom"):
         with step_weights(weight_stacks(model), stacked_weight, grads=True):

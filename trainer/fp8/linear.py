@@ -481,8 +481,10 @@ def step_weights(stacks: Iterable[tuple[nn.Module, ...]],
 
 @torch.no_grad()
 def _assign_grads(linears: tuple[nn.Module, ...], buffer: torch.Tensor) -> None:
-    """Each linear's rows of a stack's gradient buffer as its weight's ``.grad``."""
+    """Each linear's rows of a stack's gradient buffer as its weight's ``.grad`` (none for a frozen weight)."""
     for m, g in zip(linears, buffer.split([m.weight.shape[0] for m in linears])):
+        if not m.weight.requires_grad:
+            continue
         if m.weight.grad is None:
             m.weight.grad = g
         else:
