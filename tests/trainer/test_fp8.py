@@ -625,7 +625,7 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
     same losses and gradients, bit for bit, as quantizing every weight at every use; each stack (q|k|v,
     o, gate|up, down) is quantized once for the step instead of once a micro-batch; the copies are gone
     after the step (and are never in the state dict), also when the step raises."""
-    from trainer.fp8 import linear as fp8_linear_mod
+    from trainer.fp8 import quantize as fp8_quantize_mod
     from trainer.fp8 import step_weights
     from trainer.model import build_model, preset_config, stacked_weight, weight_stacks
 
@@ -635,8 +635,8 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
     gen = torch.Generator().manual_seed(5)
     batches = [torch.randint(0, 512, (2, 64), generator=gen) for _ in range(2)]
     quantized = []
-    real = fp8_linear_mod.quantize_128x128
-    monkeypatch.setattr(fp8_linear_mod, "quantize_128x128", lambda w, f: quantized.append(tuple(w.shape)) or real(w, f))
+    real = fp8_quantize_mod.quantize_128x128   # what the emulation's quantization op runs
+    monkeypatch.setattr(fp8_quantize_mod, "quantize_128x128", lambda w, f: quantized.append(tuple(w.shape)) or real(w, f))
 
     def step(ctx):
         model.zero_grad()
@@ -692,8 +692,8 @@ def test_step_weights_add_the_wgrads_into_one_buffer_a_stack_bit_for_bit():
     got = step(step_weights(weight_stacks(model), stacked_weight, grads=True))
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
     # AOTAutograd (what traces the loop's compiled blocks) with the buffer as an input its backward mutates;
-    # aot_eager: Inductor's CPU code generation fails on the emulated quantizers, compiled or not, where on the
-    # GPU the quantizers and GEMMs are custom ops (tests/trainer/test_fp8_gpu.py compiles with Inductor)
+    # aot_eager, so that the comparison is bit for bit (Inductor reorders the float32 arithmetic around the
+    # FP8 ops; the compiled loop test below and tests/trainer/test_fp8_gpu.py compile with it)
     for block in model.model.layers:
         block.compile(backend="aot_eager")
     compiled = step(step_weights(weight_stacks(model), stacked_weight, grads=True))
@@ -736,3 +736,30 @@ def test_a_step_copy_is_used_only_for_a_weight_of_its_shape():
     assert layer.step_weight(layer.weight)[0] is None
     torch.testing.assert_close(layer(x), fp8_linear(x, layer.weight, recipe=layer.recipe), rtol=0, atol=0)
     layer.clear_step_weight()
+
+
+def test_the_compiled_loop_trains_the_emulated_fp8_preset_on_cpu(tmp_path):
+    """`python -m trainer train` with `compile: true` and FP8 on CPU, on the `tiny` preset whose dimensions are
+    not multiples of 128 (so the emulation pads its groups): Inductor compiles the blocks around the emulation's
+    quantizations and GEMMs (opaque ops: its CPU code generation failed on them, then gave NaN losses once the
+    Wgrads went into the step's buffers), and the losses are the uncompiled run's to float32 reordering."""
+    import json
+
+    from trainer.config import load_run_config
+    from trainer.train import train
+
+    def run(compiled: bool) -> list[float]:
+        run_dir = tmp_path / ("compiled" if compiled else "eager")
+        train(load_run_config(None, data={
+            "run_dir": str(run_dir), "precision": "fp8-blockwise", "compile": compiled,
+            "model": {"preset": "tiny"}, "data": {"synthetic": {"vocab_size": 512, "seq_len": 128}},
+            "train": {"steps": 3, "global_batch": 4, "micro_batch": 2},
+            "schedule": {"kind": "constant", "lr": 3e-3, "warmup_steps": 1},
+            "checkpoint": {"every_steps": 0, "at_end": False}, "log": {"progress": "none"}}))
+        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in recs if r["kind"] == "train"]
+
+    torch._dynamo.reset()
+    compiled, eager = run(True), run(False)
+    assert len(compiled) == 3 and all(math.isfinite(x) for x in compiled)
+    assert compiled == pytest.approx(eager, rel=1e-3)

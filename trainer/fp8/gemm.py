@@ -80,16 +80,52 @@ def emulated_wgrad(dytq, dyts, xtq, xts, compute_dtype=torch.float32) -> torch.T
         return a @ b.t()
 
 
-@torch.library.custom_op("purokit_fp8::emulated_wgrad_into", mutates_args=("out",))
-def emulated_wgrad_into(dytq: torch.Tensor, dyts: torch.Tensor, xtq: torch.Tensor, xts: torch.Tensor,
-                        out: torch.Tensor) -> None:
-    """``out += emulated_wgrad(...)`` in place, as one op: the emulation's form of the GEMM that accumulates
-    (`scaled_mm_wgrad_into`), opaque to Inductor as that one is (whose CPU code generation failed on the
-    dequantization fused into the in-place addition)."""
+# The emulated GEMMs as ops Inductor does not look into, as the emulated quantizations
+# (`quantize.emulate_quantize_1x128`, which says why): what the ``emulate`` backend calls.
+
+
+@torch.library.custom_op("purokit_fp8::emulate_fprop", mutates_args=())
+def emulate_fprop(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """:func:`emulated_fprop` as one opaque op (float32 out)."""
+    return emulated_fprop(xq, xs, wq, ws)
+
+
+@emulate_fprop.register_fake
+def _(xq, xs, wq, ws):
+    return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("purokit_fp8::emulate_dgrad", mutates_args=())
+def emulate_dgrad(dyq: torch.Tensor, dys: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """:func:`emulated_dgrad` as one opaque op (float32 out)."""
+    return emulated_dgrad(dyq, dys, wq, ws)
+
+
+@emulate_dgrad.register_fake
+def _(dyq, dys, wq, ws):
+    return dyq.new_empty((dyq.shape[0], wq.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("purokit_fp8::emulate_wgrad", mutates_args=())
+def emulate_wgrad(dytq: torch.Tensor, dyts: torch.Tensor, xtq: torch.Tensor, xts: torch.Tensor) -> torch.Tensor:
+    """:func:`emulated_wgrad` as one opaque op (float32 out)."""
+    return emulated_wgrad(dytq, dyts, xtq, xts)
+
+
+@emulate_wgrad.register_fake
+def _(dytq, dyts, xtq, xts):
+    return dytq.new_empty((dytq.shape[0], xtq.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("purokit_fp8::emulate_wgrad_into", mutates_args=("out",))
+def emulate_wgrad_into(dytq: torch.Tensor, dyts: torch.Tensor, xtq: torch.Tensor, xts: torch.Tensor,
+                       out: torch.Tensor) -> None:
+    """``out += emulated_wgrad(...)`` in place: the emulation's form of the GEMM that accumulates
+    (`scaled_mm_wgrad_into`)."""
     out.add_(emulated_wgrad(dytq, dyts, xtq, xts))
 
 
-@emulated_wgrad_into.register_fake
+@emulate_wgrad_into.register_fake
 def _(dytq, dyts, xtq, xts, out):
     return None
 
