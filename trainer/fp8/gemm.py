@@ -81,40 +81,22 @@ def emulated_wgrad(dytq, dyts, xtq, xts, compute_dtype=torch.float32) -> torch.T
 
 
 # The emulated GEMMs as ops Inductor does not look into, as the emulated quantizations
-# (`quantize.emulate_quantize_1x128`, which says why): what the ``emulate`` backend calls.
+# (`quantize.emulate_quantize`, whose comment says why): what the ``emulate`` backend calls.
 
 
-@torch.library.custom_op("purokit_fp8::emulate_fprop", mutates_args=())
-def emulate_fprop(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-    """:func:`emulated_fprop` as one opaque op (float32 out)."""
-    return emulated_fprop(xq, xs, wq, ws)
+_EMULATED = {"fprop": emulated_fprop, "dgrad": emulated_dgrad, "wgrad": emulated_wgrad}
 
 
-@emulate_fprop.register_fake
-def _(xq, xs, wq, ws):
-    return xq.new_empty((xq.shape[0], wq.shape[0]), dtype=torch.float32)
+@torch.library.custom_op("purokit_fp8::emulate_gemm", mutates_args=())
+def emulate_gemm(role: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """The emulated Fprop, Dgrad or Wgrad (``role``, :func:`emulated_fprop` and its siblings) as one opaque op,
+    float32 out."""
+    return _EMULATED[role](a, sa, b, sb)
 
 
-@torch.library.custom_op("purokit_fp8::emulate_dgrad", mutates_args=())
-def emulate_dgrad(dyq: torch.Tensor, dys: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-    """:func:`emulated_dgrad` as one opaque op (float32 out)."""
-    return emulated_dgrad(dyq, dys, wq, ws)
-
-
-@emulate_dgrad.register_fake
-def _(dyq, dys, wq, ws):
-    return dyq.new_empty((dyq.shape[0], wq.shape[1]), dtype=torch.float32)
-
-
-@torch.library.custom_op("purokit_fp8::emulate_wgrad", mutates_args=())
-def emulate_wgrad(dytq: torch.Tensor, dyts: torch.Tensor, xtq: torch.Tensor, xts: torch.Tensor) -> torch.Tensor:
-    """:func:`emulated_wgrad` as one opaque op (float32 out)."""
-    return emulated_wgrad(dytq, dyts, xtq, xts)
-
-
-@emulate_wgrad.register_fake
-def _(dytq, dyts, xtq, xts):
-    return dytq.new_empty((dytq.shape[0], xtq.shape[0]), dtype=torch.float32)
+@emulate_gemm.register_fake
+def _(role, a, sa, b, sb):
+    return a.new_empty((a.shape[0], b.shape[1] if role == "dgrad" else b.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("purokit_fp8::emulate_wgrad_into", mutates_args=("out",))

@@ -31,13 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.fp8 import gemm
-from trainer.fp8.quantize import (
-    ceil_div,
-    emulate_quantize_1x128,
-    emulate_quantize_128x128,
-    quantize_1x128,
-    quantize_128x128,
-)
+from trainer.fp8.quantize import ceil_div, emulate_quantize, quantize_1x128, quantize_128x128
 from trainer.fp8.recipe import GROUP, Fp8Recipe
 from trainer.fp8.triton_kernels import (
     quant_act,
@@ -118,12 +112,14 @@ def _quant_act(x2: torch.Tensor, scale_format: str, quantizer: str, backend: str
     if quantizer in FUSED:
         q, s, qt, st = quant_act(x2, scale_format == "pow2", rows, transposed, impl=quantizer)
         return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
-    quantize = quantize_1x128 if backend == SCALED_MM else emulate_quantize_1x128
-    row = quantize(x2, scale_format) if rows else (None, None)
+    def quantize(t):
+        return quantize_1x128(t, scale_format) if backend == SCALED_MM else emulate_quantize(t, scale_format, 1)
+
+    row = quantize(x2) if rows else (None, None)
     if transposed:
         # cuBLAS needs the token (reduction) dimension of Wgrad padded to 128; zero rows add nothing
         src = _pad_rows(x2) if backend == SCALED_MM else x2
-        col = quantize(src.t(), scale_format)
+        col = quantize(src.t())
     else:
         col = (None, None)
     return row, col
@@ -140,7 +136,10 @@ def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backe
     if quantizer in FUSED:  # weights (float32 masters): the Triton kernel
         wq, wtq, ws = quant_weight(weight, scale_format == "pow2", transposed and backend == SCALED_MM)
         return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
-    wq, ws = (quantize_128x128 if backend == SCALED_MM else emulate_quantize_128x128)(weight, scale_format)
+    if backend == SCALED_MM:
+        wq, ws = quantize_128x128(weight, scale_format)
+    else:
+        wq, ws = emulate_quantize(weight, scale_format, GROUP)
     wtq = wq.t().contiguous() if (transposed and backend == SCALED_MM) else None
     return wq, ws, wtq
 
@@ -149,7 +148,7 @@ def _fprop(xq, xs, wq, ws, backend, x, out_dtype, lib):
     if backend == SCALED_MM:
         y = gemm.scaled_mm_fprop(xq, xs, wq, ws, _caps_for(x), out_dtype=torch.bfloat16, lib=lib)
     else:
-        y = gemm.emulate_fprop(xq, xs, wq, ws)
+        y = gemm.emulate_gemm("fprop", xq, xs, wq, ws)
     return y.to(out_dtype)
 
 
@@ -208,7 +207,7 @@ class _Fp8LinearFn(torch.autograd.Function):
 def _dgrad(dyq, dys, wdq, ws, backend, like, lib):
     if backend == SCALED_MM:
         return gemm.scaled_mm_dgrad(dyq, dys, wdq, ws, _caps_for(like), out_dtype=torch.bfloat16, lib=lib)
-    return gemm.emulate_dgrad(dyq, dys, wdq, ws)
+    return gemm.emulate_gemm("dgrad", dyq, dys, wdq, ws)
 
 
 def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype, lib, into=None):
@@ -222,7 +221,7 @@ def _wgrad(dytq, dyts, xtq, xts, backend, like, w_dtype, lib, into=None):
         return None
     if backend == SCALED_MM:
         return gemm.scaled_mm_wgrad(dytq, dyts, xtq, xts, _caps_for(like), out_dtype=w_dtype, lib=lib)
-    return gemm.emulate_wgrad(dytq, dyts, xtq, xts).to(w_dtype)
+    return gemm.emulate_gemm("wgrad", dytq, dyts, xtq, xts).to(w_dtype)
 
 
 def _swiglu_quant(gu, scale_format, quantizer, backend, transposed):

@@ -108,36 +108,24 @@ def quantize_128x128(w: torch.Tensor, scale_format: str = "pow2") -> tuple[torch
     return q, scale
 
 
-# The ``emulate`` backend's quantizations as ops Inductor does not look into. Inductor's CPU code generation
+# The ``emulate`` backend's quantizations as one op Inductor does not look into. Inductor's CPU code generation
 # failed on them inside a compiled block wherever a dimension is not a multiple of 128 (an assertion while
 # splitting the padded group loop), and with some graphs produced NaN instead of failing. The emulation is the
 # reference, so it runs as written, eager, inside compiled graphs. The ``torch`` quantizer on CUDA still calls
 # the functions above, which Inductor fuses into their producers.
 
 
-@torch.library.custom_op("purokit_fp8::emulate_quantize_1x128", mutates_args=())
-def emulate_quantize_1x128(x: torch.Tensor, scale_format: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_1x128` as one opaque op."""
-    return quantize_1x128(x, scale_format)
+@torch.library.custom_op("purokit_fp8::emulate_quantize", mutates_args=())
+def emulate_quantize(x: torch.Tensor, scale_format: str, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_1x128` (``block_rows`` 1) or :func:`quantize_128x128` (128) as one opaque op."""
+    return (quantize_1x128 if block_rows == 1 else quantize_128x128)(x, scale_format)
 
 
-@emulate_quantize_1x128.register_fake
-def _(x, scale_format):
+@emulate_quantize.register_fake
+def _(x, scale_format, block_rows):
     rows, cols = x.shape
-    return x.new_empty((rows, cols), dtype=FP8_DTYPE), x.new_empty((rows, ceil_div(cols, GROUP)), dtype=torch.float32)
-
-
-@torch.library.custom_op("purokit_fp8::emulate_quantize_128x128", mutates_args=())
-def emulate_quantize_128x128(w: torch.Tensor, scale_format: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_128x128` as one opaque op."""
-    return quantize_128x128(w, scale_format)
-
-
-@emulate_quantize_128x128.register_fake
-def _(w, scale_format):
-    n, k = w.shape
-    return (w.new_empty((n, k), dtype=FP8_DTYPE),
-            w.new_empty((ceil_div(n, GROUP), ceil_div(k, GROUP)), dtype=torch.float32))
+    return (x.new_empty((rows, cols), dtype=FP8_DTYPE),
+            x.new_empty((ceil_div(rows, block_rows), ceil_div(cols, GROUP)), dtype=torch.float32))
 
 
 def dequantize_1x128(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
