@@ -702,6 +702,12 @@ def test_step_weights_add_the_wgrads_into_one_buffer_a_stack_bit_for_bit():
     assert q.step_grad is None and q.weight.grad.data_ptr() == q._grad_buffer.data_ptr()   # a view, not a copy
     again = step(step_weights(weight_stacks(model), stacked_weight, grads=True))           # zeroed on entry
     assert all(torch.equal(a, b) for a, b in zip(again, ref))
+    # zero_grad(set_to_none=False) keeps the views as .grad: the next step neither keeps nor doubles them
+    model.zero_grad(set_to_none=False)
+    with step_weights(weight_stacks(model), stacked_weight, grads=True):
+        for ids in batches:
+            F.cross_entropy(model(ids).reshape(-1, 512), ids.reshape(-1)).backward()
+    assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), ref))
     # a gradient already on a weight is added to
     model.zero_grad(set_to_none=True)
     down = model.model.layers[0].mlp.down_proj

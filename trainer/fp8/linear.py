@@ -487,11 +487,13 @@ def step_weights(stacks: Iterable[tuple[nn.Module, ...]],
 
 @torch.no_grad()
 def _assign_grads(linears: tuple[nn.Module, ...], buffer: torch.Tensor) -> None:
-    """Each linear's rows of a stack's gradient buffer as its weight's ``.grad`` (none for a frozen weight)."""
+    """Each linear's rows of a stack's gradient buffer as its weight's ``.grad`` (none for a frozen weight). A
+    ``.grad`` that already is those rows (the last step's, zeroed in place by ``zero_grad(set_to_none=False)``
+    and by the entry of this step) holds this step's gradient already: it is not added to itself."""
     for m, g in zip(linears, buffer.split([m.weight.shape[0] for m in linears])):
         if not m.weight.requires_grad:
             continue
-        if m.weight.grad is None:
+        if m.weight.grad is None or m.weight.grad.data_ptr() == g.data_ptr():
             m.weight.grad = g
         else:
             m.weight.grad.add_(g)
