@@ -325,23 +325,50 @@ def _fail(lib: Library, status: int, kind: str, config: str, m: int, n: int, k: 
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("purokit_fp8::cutlass_act_weight", mutates_args=())
-def _act_weight_op(
-    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, raster: int, swizzle: int
-) -> torch.Tensor:
+def _raw_stream(index: int) -> int:
+    """The handle of the current stream of CUDA device ``index`` (what Inductor's generated code reads)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def _launch(lib: Library, name: str, args: tuple, on: torch.Tensor) -> int:
+    """Call the entry point ``name`` with ``args`` then the current stream of ``on``'s device, with that
+    device current (the kernels launch on the current device, whose SM count sizes CUTLASS's grid). The
+    device is switched only where it is not already current, and the raw stream handle is read without
+    making a ``torch.cuda.Stream``: an eager FP8 linear makes six such calls a step, and their host path
+    outlasted the GPU work at (2048, 2048) (benchmarks/RESULTS.md)."""
+    index = on.device.index
+    if index == torch.cuda.current_device():
+        return getattr(lib.dll, name)(*args, _raw_stream(index))
+    with torch.cuda.device(index):
+        return getattr(lib.dll, name)(*args, _raw_stream(index))
+
+
+# The op bodies are plain functions as well: gemm.py's GEMM ops call them from inside their own op, which
+# would otherwise pay the custom-op dispatch twice.
+
+
+def launch_act_weight(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str,
+                      raster: int, swizzle: int) -> torch.Tensor:
+    """:func:`act_weight` without the custom op (``raster`` as :data:`RASTER`'s number)."""
     m, n, k = check_operands("act_weight", a, b, sa, sb)
     lib = _require(a, (b, sa, sb))
     index = _config_index(lib, "act_weight", config)
     a, b, sa, sb = a.contiguous(), b.contiguous(), colmajor(sa), sb.contiguous()
     d = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    with torch.cuda.device(a.device):
-        ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
-        status = lib.dll.purokit_fp8_act_weight(
-            index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(d), m, n, k, raster, swizzle,
-            _ptr(ws), ws_size, torch.cuda.current_stream(a.device).cuda_stream,
-        )
+    ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
+    status = _launch(lib, "purokit_fp8_act_weight", (
+        index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(d), m, n, k, raster, swizzle, _ptr(ws), ws_size,
+    ), a)
     _fail(lib, status, "act_weight", config, m, n, k)
     return d
+
+
+@torch.library.custom_op("purokit_fp8::cutlass_act_weight", mutates_args=())
+def _act_weight_op(
+    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, raster: int, swizzle: int
+) -> torch.Tensor:
+    return launch_act_weight(a, b, sa, sb, config, raster, swizzle)
 
 
 @_act_weight_op.register_fake
@@ -354,20 +381,17 @@ def _act_act_call(a, b, sa, sb, c, d, beta, kind, config, raster, swizzle) -> No
     lib = _require(a, (b, sa, sb, d))
     index = _config_index(lib, kind, config)
     a, b, sa, sb = a.contiguous(), b.contiguous(), colmajor(sa), colmajor(sb)
-    with torch.cuda.device(a.device):
-        ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
-        status = lib.dll.purokit_fp8_act_act(
-            index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(c), _ptr(d), beta, m, n, k, raster, swizzle,
-            _ptr(ws), ws_size, torch.cuda.current_stream(a.device).cuda_stream,
-        )
+    ws, ws_size = _workspace(lib, index, m, n, k, raster, swizzle, a.device)
+    status = _launch(lib, "purokit_fp8_act_act", (
+        index, _ptr(a), _ptr(b), _ptr(sa), _ptr(sb), _ptr(c), _ptr(d), beta, m, n, k, raster, swizzle,
+        _ptr(ws), ws_size,
+    ), a)
     _fail(lib, status, kind, config, m, n, k)
 
 
-@torch.library.custom_op("purokit_fp8::cutlass_act_act", mutates_args=())
-def _act_act_op(
-    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, out_dtype: torch.dtype,
-    raster: int, swizzle: int,
-) -> torch.Tensor:
+def launch_act_act(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str,
+                   out_dtype: torch.dtype, raster: int, swizzle: int) -> torch.Tensor:
+    """:func:`act_act` into a new tensor, without the custom op (``raster`` as :data:`RASTER`'s number)."""
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"cutlass fp8 act_act: out_dtype must be float32 or bfloat16, got {out_dtype}")
     kind = "act_act" if out_dtype == torch.float32 else "act_act_bf16"
@@ -381,16 +405,22 @@ def _act_act_op(
     return d if d.dtype == out_dtype else d.to(out_dtype)
 
 
+@torch.library.custom_op("purokit_fp8::cutlass_act_act", mutates_args=())
+def _act_act_op(
+    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, out_dtype: torch.dtype,
+    raster: int, swizzle: int,
+) -> torch.Tensor:
+    return launch_act_act(a, b, sa, sb, config, out_dtype, raster, swizzle)
+
+
 @_act_act_op.register_fake
 def _(a, b, sa, sb, config, out_dtype, raster, swizzle):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("purokit_fp8::cutlass_act_act_accumulate", mutates_args=("out",))
-def _act_act_accumulate_op(
-    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, beta: float,
-    config: str, raster: int, swizzle: int,
-) -> None:
+def launch_act_act_into(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out: torch.Tensor,
+                        beta: float, config: str, raster: int, swizzle: int) -> None:
+    """``out = a b^T + beta * out`` in place (:func:`act_act` with ``out``), without the custom op."""
     want = (a.shape[0], b.shape[0])
     if out.dtype != torch.float32 or tuple(out.shape) != want or not out.is_contiguous():
         raise ValueError(
@@ -398,6 +428,14 @@ def _act_act_accumulate_op(
             f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})"
         )
     _act_act_call(a, b, sa, sb, out, out, beta, "act_act", config, raster, swizzle)
+
+
+@torch.library.custom_op("purokit_fp8::cutlass_act_act_accumulate", mutates_args=("out",))
+def _act_act_accumulate_op(
+    a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, beta: float,
+    config: str, raster: int, swizzle: int,
+) -> None:
+    launch_act_act_into(a, b, sa, sb, out, beta, config, raster, swizzle)
 
 
 @_act_act_accumulate_op.register_fake
@@ -463,8 +501,7 @@ def _quant_call(name: str, args: tuple, x: torch.Tensor, qt, what: str) -> None:
     """One quantizer entry point: ``args`` and then the padded token count (``qt``'s width) and the stream."""
     lib = _require(x, ())
     m_pad = qt.shape[1] if qt is not None else ceil_div(x.shape[0], GROUP) * GROUP
-    with torch.cuda.device(x.device):
-        status = getattr(lib.dll, name)(*args, m_pad, torch.cuda.current_stream(x.device).cuda_stream)
+    status = _launch(lib, name, (*args, m_pad), x)
     if status:
         raise RuntimeError(f"cuda fp8 {what}: {lib.status(status)} (status {status})")
 

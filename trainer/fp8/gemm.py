@@ -246,7 +246,8 @@ def _mm_act_weight(
     ``scale_b`` given as (N/128, R/128)."""
     choice = choose_gemm(role, a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass":
-        y = cutlass_gemm.act_weight(a, b, scale_a, scale_b, choice.config, choice.raster, choice.swizzle)
+        y = cutlass_gemm.launch_act_weight(a, b, scale_a, scale_b, choice.config, cutlass_gemm.RASTER[choice.raster],
+                                           choice.swizzle)
         return y if y.dtype == out_dtype else y.to(out_dtype)
     return F.scaled_mm(
         a.contiguous(), b.contiguous().t(),
@@ -261,17 +262,14 @@ def _(a, b, scale_a, scale_b, pad_block_scales, out_dtype, lib, role):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("purokit_fp8::mm_1x128_1x128", mutates_args=())
-def _mm_act_act(
-    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
-    lib: str, cublas_fp32_out: bool,
-) -> torch.Tensor:
+def _act_act_product(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out) -> torch.Tensor:
     """``a (N, R) @ b (K, R)^T`` with both operands scaled per 1x128 along R (Wgrad: R = tokens).
-    cuBLAS writes float32 only where the probe found it can (``cublas_fp32_out``; else BF16, cast)."""
+    cuBLAS writes float32 only where the probe found it can (``cublas_fp32_out``; else BF16, cast).
+    The body of the op below, and of the accumulating op's cuBLAS path (one custom-op dispatch, not two)."""
     choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass" and out_dtype in (torch.float32, torch.bfloat16):
-        return cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out_dtype=out_dtype,
-                                    raster=choice.raster, swizzle=choice.swizzle)
+        return cutlass_gemm.launch_act_act(a, b, scale_a, scale_b, choice.config, out_dtype,
+                                           cutlass_gemm.RASTER[choice.raster], choice.swizzle)
     want = torch.bfloat16 if (out_dtype == torch.float32 and not cublas_fp32_out) else out_dtype
     y = F.scaled_mm(
         a.contiguous(), b.contiguous().t(),
@@ -280,6 +278,15 @@ def _mm_act_act(
         output_dtype=want,
     )
     return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+@torch.library.custom_op("purokit_fp8::mm_1x128_1x128", mutates_args=())
+def _mm_act_act(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
+    lib: str, cublas_fp32_out: bool,
+) -> torch.Tensor:
+    """:func:`_act_act_product` as an op."""
+    return _act_act_product(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out)
 
 
 @_mm_act_act.register_fake
@@ -296,10 +303,10 @@ def _mm_act_act_into(
     config adds in its epilogue (beta = 1, so no product is written and read back), cuBLAS's product is added."""
     choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass":
-        cutlass_gemm.act_act(a, b, scale_a, scale_b, choice.config, out=out, beta=1.0, raster=choice.raster,
-                             swizzle=choice.swizzle)
+        cutlass_gemm.launch_act_act_into(a, b, scale_a, scale_b, out, 1.0, choice.config,
+                                         cutlass_gemm.RASTER[choice.raster], choice.swizzle)
     else:
-        out.add_(_mm_act_act(a, b, scale_a, scale_b, torch.float32, lib, cublas_fp32_out))
+        out.add_(_act_act_product(a, b, scale_a, scale_b, torch.float32, lib, cublas_fp32_out))
 
 
 @_mm_act_act_into.register_fake
