@@ -10,7 +10,7 @@ kernels are compiled for one (N, K) each (:func:`config_shape`), its act_act ker
 they take no ``raster``/``swizzle`` (:func:`takes_schedule`). The library is a plain C shared object built ahead of time
 (``python -m trainer.fp8.csrc.build --out .gpu_build``) with no torch headers, so it does not depend
 on torch's C++ ABI; this module finds it, checks that its exported signatures are the ones written
-here (:data:`_API` against ``purokit_fp8_abi()``), and wraps the calls as torch custom ops. The same
+here (:data:`_API` against ``purokit_fp8_abi()``), and wraps the calls as torch ops (:mod:`trainer.fp8.ops`). The same
 library holds the CUDA activation quantizers (``csrc/quantize.cu``), which :mod:`trainer.fp8.triton_kernels`'
 ops call through :func:`quant_act_into` and its two SwiGLU siblings.
 
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.fp8.ops import op
 from trainer.fp8.quantize import ceil_div, colmajor
 from trainer.fp8.recipe import GROUP
 
@@ -345,12 +346,12 @@ def _launch(lib: Library, name: str, args: tuple, on: torch.Tensor) -> int:
 
 
 # The op bodies are plain functions as well: gemm.py's GEMM ops call them from inside their own op, which
-# would otherwise pay the custom-op dispatch twice.
+# would otherwise pay the dispatch twice.
 
 
 def launch_act_weight(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str,
                       raster: int, swizzle: int) -> torch.Tensor:
-    """:func:`act_weight` without the custom op (``raster`` as :data:`RASTER`'s number)."""
+    """:func:`act_weight` without the op's dispatch (``raster`` as :data:`RASTER`'s number)."""
     m, n, k = check_operands("act_weight", a, b, sa, sb)
     lib = _require(a, (b, sa, sb))
     index = _config_index(lib, "act_weight", config)
@@ -364,7 +365,7 @@ def launch_act_weight(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: to
     return d
 
 
-@torch.library.custom_op("purokit_fp8::cutlass_act_weight", mutates_args=())
+@op("cutlass_act_weight", mutates_args=())
 def _act_weight_op(
     a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, raster: int, swizzle: int
 ) -> torch.Tensor:
@@ -391,7 +392,7 @@ def _act_act_call(a, b, sa, sb, c, d, beta, kind, config, raster, swizzle) -> No
 
 def launch_act_act(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str,
                    out_dtype: torch.dtype, raster: int, swizzle: int) -> torch.Tensor:
-    """:func:`act_act` into a new tensor, without the custom op (``raster`` as :data:`RASTER`'s number)."""
+    """:func:`act_act` into a new tensor, without the op's dispatch (``raster`` as :data:`RASTER`'s number)."""
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"cutlass fp8 act_act: out_dtype must be float32 or bfloat16, got {out_dtype}")
     kind = "act_act" if out_dtype == torch.float32 else "act_act_bf16"
@@ -405,7 +406,7 @@ def launch_act_act(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch
     return d if d.dtype == out_dtype else d.to(out_dtype)
 
 
-@torch.library.custom_op("purokit_fp8::cutlass_act_act", mutates_args=())
+@op("cutlass_act_act", mutates_args=())
 def _act_act_op(
     a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, config: str, out_dtype: torch.dtype,
     raster: int, swizzle: int,
@@ -420,7 +421,7 @@ def _(a, b, sa, sb, config, out_dtype, raster, swizzle):
 
 def launch_act_act_into(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out: torch.Tensor,
                         beta: float, config: str, raster: int, swizzle: int) -> None:
-    """``out = a b^T + beta * out`` in place (:func:`act_act` with ``out``), without the custom op."""
+    """``out = a b^T + beta * out`` in place (:func:`act_act` with ``out``), without the op's dispatch."""
     want = (a.shape[0], b.shape[0])
     if out.dtype != torch.float32 or tuple(out.shape) != want or not out.is_contiguous():
         raise ValueError(
@@ -430,7 +431,7 @@ def launch_act_act_into(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: 
     _act_act_call(a, b, sa, sb, out, out, beta, "act_act", config, raster, swizzle)
 
 
-@torch.library.custom_op("purokit_fp8::cutlass_act_act_accumulate", mutates_args=("out",))
+@op("cutlass_act_act_accumulate", mutates_args=("out",))
 def _act_act_accumulate_op(
     a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out: torch.Tensor, beta: float,
     config: str, raster: int, swizzle: int,

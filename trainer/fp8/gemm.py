@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.fp8 import cutlass_gemm
+from trainer.fp8.ops import op
 from trainer.fp8.quantize import (
     colmajor,
     dequantize_1x128,
@@ -87,7 +88,7 @@ def emulated_wgrad(dytq, dyts, xtq, xts, compute_dtype=torch.float32) -> torch.T
 _EMULATED = {"fprop": emulated_fprop, "dgrad": emulated_dgrad, "wgrad": emulated_wgrad}
 
 
-@torch.library.custom_op("purokit_fp8::emulate_gemm", mutates_args=())
+@op("emulate_gemm", mutates_args=())
 def emulate_gemm(role: str, a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     """The emulated Fprop, Dgrad or Wgrad (``role``, :func:`emulated_fprop` and its siblings) as one opaque op,
     float32 out."""
@@ -99,7 +100,7 @@ def _(role, a, sa, b, sb):
     return a.new_empty((a.shape[0], b.shape[1] if role == "dgrad" else b.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("purokit_fp8::emulate_wgrad_into", mutates_args=("out",))
+@op("emulate_wgrad_into", mutates_args=("out",))
 def emulate_wgrad_into(dytq: torch.Tensor, dyts: torch.Tensor, xtq: torch.Tensor, xts: torch.Tensor,
                        out: torch.Tensor) -> None:
     """``out += emulated_wgrad(...)`` in place: the emulation's form of the GEMM that accumulates
@@ -231,13 +232,13 @@ def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.devic
     return choice
 
 
-# The GEMM calls are torch custom ops: torch.compile (Dynamo) cannot trace F.scaled_mm's builtin
-# (`torch._scaled_mm_v2`) and would break the graph at every linear; as custom ops with shape-only
+# The GEMM calls are torch ops (trainer.fp8.ops): torch.compile (Dynamo) cannot trace F.scaled_mm's builtin
+# (`torch._scaled_mm_v2`) and would break the graph at every linear; as ops with shape-only
 # fake implementations they sit in one compiled graph as opaque kernels. The library is chosen inside,
 # at run time, from the real shapes.
 
 
-@torch.library.custom_op("purokit_fp8::mm_1x128_128x128", mutates_args=())
+@op("mm_1x128_128x128", mutates_args=())
 def _mm_act_weight(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, pad_block_scales: bool,
     out_dtype: torch.dtype, lib: str, role: str,
@@ -265,7 +266,7 @@ def _(a, b, scale_a, scale_b, pad_block_scales, out_dtype, lib, role):
 def _act_act_product(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out) -> torch.Tensor:
     """``a (N, R) @ b (K, R)^T`` with both operands scaled per 1x128 along R (Wgrad: R = tokens).
     cuBLAS writes float32 only where the probe found it can (``cublas_fp32_out``; else BF16, cast).
-    The body of the op below, and of the accumulating op's cuBLAS path (one custom-op dispatch, not two)."""
+    The body of the op below, and of the accumulating op's cuBLAS path (one dispatch, not two)."""
     choice = choose_gemm("wgrad", a.shape[0], b.shape[0], a.shape[1], lib, a.device)
     if choice.library == "cutlass" and out_dtype in (torch.float32, torch.bfloat16):
         return cutlass_gemm.launch_act_act(a, b, scale_a, scale_b, choice.config, out_dtype,
@@ -280,7 +281,7 @@ def _act_act_product(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out) ->
     return y if y.dtype == out_dtype else y.to(out_dtype)
 
 
-@torch.library.custom_op("purokit_fp8::mm_1x128_1x128", mutates_args=())
+@op("mm_1x128_1x128", mutates_args=())
 def _mm_act_act(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
     lib: str, cublas_fp32_out: bool,
@@ -294,7 +295,7 @@ def _(a, b, scale_a, scale_b, out_dtype, lib, cublas_fp32_out):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("purokit_fp8::mm_1x128_1x128_into", mutates_args=("out",))
+@op("mm_1x128_1x128_into", mutates_args=("out",))
 def _mm_act_act_into(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out: torch.Tensor,
     lib: str, cublas_fp32_out: bool,

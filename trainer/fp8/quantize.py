@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.fp8.ops import op
 from trainer.fp8.recipe import E4M3_MAX, GROUP
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -115,7 +116,7 @@ def quantize_128x128(w: torch.Tensor, scale_format: str = "pow2") -> tuple[torch
 # the functions above, which Inductor fuses into their producers.
 
 
-@torch.library.custom_op("purokit_fp8::emulate_quantize", mutates_args=())
+@op("emulate_quantize", mutates_args=())
 def emulate_quantize(x: torch.Tensor, scale_format: str, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_1x128` (``block_rows`` 1) or :func:`quantize_128x128` (128) as one opaque op."""
     return (quantize_1x128 if block_rows == 1 else quantize_128x128)(x, scale_format)

@@ -1,4 +1,4 @@
-"""Quantization kernels for the CUDA path (Hopper), registered as torch custom ops.
+"""Quantization kernels for the CUDA path (Hopper), registered as torch ops (trainer.fp8.ops).
 
 Four ops, all bandwidth-bound, all computing scales as :mod:`trainer.fp8.quantize` does
 (``quant_act`` and ``quant_weight`` bit-identical to it; the GPU tests check that). The three
@@ -33,10 +33,10 @@ from __future__ import annotations
 import torch
 
 from trainer.fp8 import cutlass_gemm
+from trainer.fp8.ops import op
 from trainer.fp8.quantize import FP8_DTYPE, ceil_div
 from trainer.fp8.recipe import GROUP
 
-_NS = "purokit_fp8"
 
 
 try:  # Triton is optional: absent on CPU-only installs
@@ -263,7 +263,7 @@ def _wanted(out, write_row: bool, write_t: bool):
     return (q, s) if write_row else (None, None), (qt, st) if write_t else (None, None)
 
 
-@torch.library.custom_op(f"{_NS}::quant_act", mutates_args=())
+@op("quant_act", mutates_args=())
 def _quant_act_op(
     x: torch.Tensor, pow2: bool, write_row: bool, write_t: bool, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -314,7 +314,7 @@ def _check_gate_up(name: str, gu: torch.Tensor) -> int:
     return two_f // 2
 
 
-@torch.library.custom_op(f"{_NS}::swiglu_quant", mutates_args=())
+@op("swiglu_quant", mutates_args=())
 def _swiglu_quant_op(
     gu: torch.Tensor, pow2: bool, write_t: bool, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -347,7 +347,7 @@ def swiglu_quant(gu: torch.Tensor, pow2: bool, write_t: bool = True, impl: str =
     return _views(_swiglu_quant_op(gu, pow2, write_t, impl))
 
 
-@torch.library.custom_op(f"{_NS}::swiglu_bwd_quant", mutates_args=())
+@op("swiglu_bwd_quant", mutates_args=())
 def _swiglu_bwd_quant_op(
     gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: bool, write_t: bool, impl: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -384,7 +384,7 @@ def swiglu_bwd_quant(gu: torch.Tensor, dh: torch.Tensor, pow2: bool, write_row: 
     return _views(_swiglu_bwd_quant_op(gu, dh, pow2, write_row, write_t, impl))
 
 
-@torch.library.custom_op(f"{_NS}::quant_weight", mutates_args=())
+@op("quant_weight", mutates_args=())
 def quant_weight(w: torch.Tensor, pow2: bool, write_t: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """128x128 blockwise quantization of a CUDA weight (N, K): ``q`` (N, K), ``qt`` (K, N) (empty
     unless ``write_t``) and the block scales ``s`` (N/128, K/128), row-major."""
