@@ -769,3 +769,45 @@ def test_the_compiled_loop_trains_the_emulated_fp8_preset_on_cpu(tmp_path):
     compiled, eager = run(True), run(False)
     assert len(compiled) == 3 and all(math.isfinite(x) for x in compiled)
     assert compiled == pytest.approx(eager, rel=1e-3)
+
+
+def test_an_op_defined_by_trainer_fp8_ops_dispatches_mutates_and_compiles_whole():
+    """`trainer.fp8.ops.op` (what every op of the package is defined with): the schema inferred from the annotations
+    marks the written argument, a call dispatches through torch.ops to the function, and a graph that calls the op
+    compiles whole (the fake gives the shapes) and mutates the argument as eager does."""
+    from trainer.fp8.ops import Op, op
+
+    @op("test_scaled_add_into", mutates_args=("out",))
+    def scaled_add_into(x: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+        out.add_(x * scale)
+
+    @op("test_double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    fakes = []
+
+    @double.register_fake
+    def _(x):
+        fakes.append(x.shape)
+        return torch.empty_like(x)
+
+    @scaled_add_into.register_fake
+    def _(x, scale, out):
+        return None
+
+    assert isinstance(double, Op) and double.impl(torch.ones(2)).tolist() == [2.0, 2.0]
+    schema = str(torch.ops.purokit_fp8.test_scaled_add_into.default._schema)
+    assert "Tensor(a2!) out" in schema and "float scale" in schema, schema
+    x, out = torch.arange(4.0), torch.zeros(4)
+    scaled_add_into(x, 0.5, out)
+    assert out.tolist() == [0.0, 0.5, 1.0, 1.5]
+
+    def step(x, out):
+        scaled_add_into(double(x), 1.0, out)
+        return out.sum()
+
+    compiled_out = torch.zeros(4)
+    total = torch.compile(step, backend="aot_eager", fullgraph=True)(x, compiled_out)
+    assert compiled_out.tolist() == [0.0, 2.0, 4.0, 6.0] and total.item() == 12.0
+    assert fakes, "tracing used the fake"

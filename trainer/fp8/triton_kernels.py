@@ -37,8 +37,6 @@ from trainer.fp8.ops import op
 from trainer.fp8.quantize import FP8_DTYPE, ceil_div
 from trainer.fp8.recipe import GROUP
 
-
-
 try:  # Triton is optional: absent on CPU-only installs
     import triton
     import triton.language as tl
