@@ -326,10 +326,14 @@ def _fail(lib: Library, status: int, kind: str, config: str, m: int, n: int, k: 
 # ----------------------------------------------------------------------------------------------
 
 
+_CURRENT_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
+
+
 def _raw_stream(index: int) -> int:
     """The handle of the current stream of CUDA device ``index`` (what Inductor's generated code reads)."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+    if _CURRENT_RAW_STREAM is not None:
+        return _CURRENT_RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def _launch(lib: Library, name: str, args: tuple, on: torch.Tensor) -> int:

@@ -106,20 +106,25 @@ def _pad_rows(x2: torch.Tensor) -> torch.Tensor:
     return x2 if m_pad == m else F.pad(x2, (0, 0, 0, m_pad - m))
 
 
+def _quantize(t: torch.Tensor, scale_format: str, backend: str, block_rows: int):
+    """The reference quantization (1x128 groups, or 128x128 blocks with ``block_rows`` 128) in torch ops on cuBLAS's
+    path, where Inductor fuses them into their producers; the emulation's opaque op otherwise."""
+    if backend == SCALED_MM:
+        return (quantize_1x128 if block_rows == 1 else quantize_128x128)(t, scale_format)
+    return emulate_quantize(t, scale_format, block_rows)
+
+
 def _quant_act(x2: torch.Tensor, scale_format: str, quantizer: str, backend: str, rows: bool, transposed: bool):
     """(q, s, qt, st): row copy with groups along the columns, and the transposed copy with groups
     along the rows (tokens). Missing copies are None."""
     if quantizer in FUSED:
         q, s, qt, st = quant_act(x2, scale_format == "pow2", rows, transposed, impl=quantizer)
         return (q, s) if rows else (None, None), (qt, st) if transposed else (None, None)
-    def quantize(t):
-        return quantize_1x128(t, scale_format) if backend == SCALED_MM else emulate_quantize(t, scale_format, 1)
-
-    row = quantize(x2) if rows else (None, None)
+    row = _quantize(x2, scale_format, backend, 1) if rows else (None, None)
     if transposed:
         # cuBLAS needs the token (reduction) dimension of Wgrad padded to 128; zero rows add nothing
         src = _pad_rows(x2) if backend == SCALED_MM else x2
-        col = quantize(src.t())
+        col = _quantize(src.t(), scale_format, backend, 1)
     else:
         col = (None, None)
     return row, col
@@ -136,10 +141,7 @@ def _quant_weight(weight: torch.Tensor, scale_format: str, quantizer: str, backe
     if quantizer in FUSED:  # weights (float32 masters): the Triton kernel
         wq, wtq, ws = quant_weight(weight, scale_format == "pow2", transposed and backend == SCALED_MM)
         return wq, ws, (wtq if transposed and backend == SCALED_MM else None)
-    if backend == SCALED_MM:
-        wq, ws = quantize_128x128(weight, scale_format)
-    else:
-        wq, ws = emulate_quantize(weight, scale_format, GROUP)
+    wq, ws = _quantize(weight, scale_format, backend, GROUP)
     wtq = wq.t().contiguous() if (transposed and backend == SCALED_MM) else None
     return wq, ws, wtq
 
