@@ -519,8 +519,9 @@ class EndpointPool:
     def __init__(self, clock: Clock | None = None):
         self.clock = clock or Clock()
         self.states: dict[str, EndpointState] = {}
-        self._cond: asyncio.Condition | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._conds: dict[frozenset[str], asyncio.Condition] = {}
 
     def state(self, url: str, cfg: "TeacherConfig") -> EndpointState:
         url = url.rstrip("/")
@@ -531,11 +532,25 @@ class EndpointPool:
                                                             cfg.breaker_max_trips))
         return self.states[url]
 
-    def cond(self) -> asyncio.Condition:
+    def cond(self, urls: frozenset[str]) -> asyncio.Condition:
+        """What the requests of a teacher sending to `urls` wait on. One lock guards the whole
+        pool; each set of endpoints has its own condition, so a slot freed on one server wakes
+        a request that can use it, not one of another teacher's queued ahead of it."""
         loop = asyncio.get_running_loop()
-        if self._cond is None or self._loop is not loop:
-            self._cond, self._loop = asyncio.Condition(), loop
-        return self._cond
+        if self._loop is not loop:
+            self._loop, self._lock, self._conds = loop, asyncio.Lock(), {}
+        if urls not in self._conds:
+            self._conds[urls] = asyncio.Condition(self._lock)
+        return self._conds[urls]
+
+    def wake(self, url: str, n: int | None) -> None:
+        """Wake `n` waiters (None: all) of every teacher that sends to `url`; call with the lock held."""
+        for urls, cond in self._conds.items():
+            if url in urls:
+                if n is None:
+                    cond.notify_all()
+                else:
+                    cond.notify(n)
 
 
 class ChatClient:
@@ -548,6 +563,7 @@ class ChatClient:
         self.pool = pool or EndpointPool()
         self.clock = self.pool.clock
         self.endpoints = [self.pool.state(u, cfg) for u in cfg.endpoints]
+        self._urls = frozenset(ep.url for ep in self.endpoints)
         self._rng = random.Random(seed)
         self._session: aiohttp.ClientSession | None = None
         self._rr = 0
@@ -645,7 +661,7 @@ class ChatClient:
     # ---- endpoint choice ---------------------------------------------------------------------
     async def _acquire(self) -> EndpointState:
         self._sess()
-        cond = self.pool.cond()
+        cond = self.pool.cond(self._urls)
         async with cond:
             while True:
                 now = self.clock.now()
@@ -663,9 +679,12 @@ class ChatClient:
                     raise CircuitOpenError(self._breaker_report())
                 waits = [ep.breaker.open_until - now for ep in self.endpoints if ep.breaker.state(now) == "open"]
                 waits += [ep.paused_until - now for ep in self.endpoints if ep.paused_until > now]
+                # asyncio.timeout, not wait_for: wait_for runs the wait in a second task, and a
+                # cancellation that reaches both can leave the pool's lock held by a finished task
                 try:
-                    await asyncio.wait_for(cond.wait(), timeout=max(0.01, self.clock.real_s(min(waits))) if waits else None)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(max(0.01, self.clock.real_s(min(waits))) if waits else None):
+                        await cond.wait()
+                except TimeoutError:
                     pass
 
     def _breaker_report(self) -> str:
@@ -675,13 +694,14 @@ class ChatClient:
                 + " | ".join(parts)
                 + ". Check the servers (overloaded? wrong model?), lower max_concurrency, or add endpoints.")
 
-    async def _release(self, ep: EndpointState, woken: int = 1) -> None:
-        """Free a slot and wake `woken` waiters (one per freed or added slot: waking every
-        waiter on each release is quadratic when thousands of requests are queued)."""
-        cond = self.pool.cond()
-        async with cond:
+    async def _release(self, ep: EndpointState, woken: int | None = 1) -> None:
+        """Free a slot and wake `woken` waiters: one per freed or added slot (waking every waiter
+        on each release is quadratic when thousands of requests are queued), or all of them
+        (`None`) when the breaker changed state, since a waiter held by a half-open probe has no
+        timeout and only a wake-up tells it that the endpoint is open again, closed or given up."""
+        async with self.pool.cond(self._urls):
             ep.inflight -= 1
-            cond.notify(woken)
+            self.pool.wake(ep.url, woken)
 
     # ---- one attempt -------------------------------------------------------------------------
     async def _attempt(self, ep: EndpointState, req: ChatRequest) -> ChatResult:
@@ -795,7 +815,8 @@ class ChatClient:
             try:
                 res = await self._attempt(ep, req)
             except EndpointError as e:
-                await self._release(ep)
+                # the endpoint's state is updated before the slot is freed, so that a waiter woken
+                # by the release sees what this answer taught
                 now = self.clock.now()
                 kind = type(e).__name__
                 ep.n_errors[kind] = ep.n_errors.get(kind, 0) + 1
@@ -803,6 +824,7 @@ class ChatClient:
                     ep.limit.on_throttle(epoch)
                 if not e.retryable:
                     ep.breaker.probe_in_flight = False     # a rejected probe says nothing of the endpoint
+                    await self._release(ep)
                     raise
                 wait = e.retry_after_s
                 if wait is not None and waited + wait <= self.cfg.retry_after_max_s:
@@ -813,8 +835,10 @@ class ChatClient:
                     if ep.pause(now, wait):
                         log.warning("%s asks to wait %.0f s (Retry-After, HTTP %s): holding its requests until then "
                                     "(retry_after_max_s=%g)", ep.url, wait, e.status, self.cfg.retry_after_max_s)
+                    await self._release(ep)
                     continue
-                ep.breaker.on_failure(now, str(e))
+                tripped = ep.breaker.on_failure(now, str(e))
+                await self._release(ep, woken=None if tripped else 1)
                 last = e
                 self.n_retries += 1
                 if attempt < self.cfg.max_retries:
@@ -828,9 +852,10 @@ class ChatClient:
                 await self._release(ep)
                 raise
             before = ep.limit.limit
+            recovered = ep.breaker.open_until != 0.0         # the half-open probe came back: all may go
             ep.limit.on_success()
             ep.breaker.on_success()
-            await self._release(ep, woken=1 + max(0, ep.limit.limit - before))
+            await self._release(ep, woken=None if recovered else 1 + max(0, ep.limit.limit - before))
             ep.n_ok += 1
             res.latency_s = time.perf_counter() - t0
             res.attempts = attempt + 1

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from synth.client import (AdaptiveLimit, ChatClient, ChatRequest, CircuitBreaker, CircuitOpenError,
+from synth.client import (AdaptiveLimit, ChatClient, ChatRequest, CircuitBreaker, CircuitOpenError, EndpointPool,
                           EndpointNotReady, MalformedResponse, RequestRejected, TeacherConfig, backoff_delay_s,
                           classify_status, parse_chat_response, request_body)
 from synth.fakeserver import FakeOpenAIServer, Fault, echo_responder
@@ -160,6 +160,46 @@ def test_sustained_failure_trips_breaker_with_clear_error_instead_of_stalling(fa
     assert time.monotonic() - t0 < 30                   # stops, instead of retrying for ever
     msg = str(ei.value)
     assert srv.base_url in msg and "429" in msg and "keeps failing" in msg
+
+
+def test_requests_queued_behind_a_failing_probe_all_end_when_the_breaker_gives_up(fake_server):
+    """Requests waiting for a slot while the half-open probe is out are woken when it fails and
+    the breaker gives up: each ends with the breaker's error, none waits for ever (a run of
+    prompts that always fail hung this way in CI)."""
+    srv = fake_server(faults=[Fault("500")])
+    cfg = TeacherConfig(**fast_teacher([srv.base_url], initial_concurrency=1, breaker_failures=1,
+                                       breaker_cooldown_s=0.05, breaker_max_trips=2, max_retries=100))
+
+    async def go():
+        async with ChatClient(cfg) as c:
+            return await asyncio.wait_for(asyncio.gather(*(c.complete(req(i)) for i in range(6)),
+                                                         return_exceptions=True), timeout=30)
+    out = run(go())
+    assert len(out) == 6 and all(isinstance(e, CircuitOpenError) for e in out), out
+    assert srv.stats.n_requests == 2                    # the tripping request and the failed probe
+
+
+def test_a_slot_freed_on_one_server_goes_to_a_request_that_can_use_it(fake_server):
+    """Two teachers on two servers share one pool. Requests of the slow teacher queued first do
+    not swallow the wake-ups of the fast server's freed slots: the fast teacher's queue drains
+    while the slow server's first answer is still being written."""
+    slow, fast = fake_server(latency_s=3.0), fake_server()
+    pool = EndpointPool()
+    done: list[str] = []
+
+    async def one(c: ChatClient, name: str, i: int) -> None:
+        await c.complete(req(i))
+        done.append(name)
+
+    async def go():
+        async with ChatClient(TeacherConfig(**fast_teacher([slow.base_url], initial_concurrency=1)), pool=pool) as a, \
+                ChatClient(TeacherConfig(**fast_teacher([fast.base_url], initial_concurrency=1)), pool=pool) as b:
+            slow_tasks = [asyncio.create_task(one(a, "slow", i)) for i in range(3)]
+            await asyncio.sleep(0.2)                      # the slow teacher's waiters queue first
+            await asyncio.wait_for(asyncio.gather(*(one(b, "fast", 10 + i) for i in range(6))), timeout=60)
+            await asyncio.gather(*slow_tasks)
+    run(go())
+    assert done[:6] == ["fast"] * 6 and done.count("slow") == 3, done
 
 
 def test_wrong_model_is_rejected_at_once(fake_server):
