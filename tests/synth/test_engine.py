@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,10 +22,11 @@ from common.errors import ContractError
 from synth.backends import CachedBackend, VllmBackend, result_from_vllm_output, vllm_sampling_kwargs
 from synth.cache import ResponseCache
 from synth.client import ChatRequest, TeacherConfig
-from synth.engine import run
+from synth.engine import run, run_async
 from synth.export import load_export
 from synth.fakeserver import Fault
 from synth.pipeline import GeneratorConfig, Row, Step, register_step
+from synth.servers import free_port
 from common.records import SYSTEM_OFF, SYSTEM_ON, read_records
 
 from .conftest import fast_teacher, pairs_config
@@ -369,6 +371,58 @@ def test_a_prompt_that_keeps_failing_is_retried_by_the_next_run(fake_server, tmp
     assert res2.manifest.status == "complete" and good.stats.n_requests == 2          # p3: on + off
     run(gen(cfg2), tmp_path / "clean", progress=False)
     assert (tmp_path / "r" / "records.jsonl").read_bytes() == (tmp_path / "clean" / "records.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_run_against_faulty_endpoints_ends_and_its_resume_loses_and_duplicates_nothing(fake_server, tmp_path, seed):
+    """Chaos: two teachers on three servers that throttle, fail, drop, truncate and garble at
+    seed-chosen rates, plus a dead endpoint, with breakers that trip and give up quickly. The run
+    ends (it hung once on a breaker that gave up while requests queued behind its probe), every
+    prompt is done or counted failed, and resumed against healthy servers the directory holds
+    exactly the records of a clean run."""
+    rng = random.Random(seed)
+
+    def faults() -> list[Fault]:
+        return [Fault("500", contains="poison"), Fault("500", fraction=rng.uniform(0.05, 0.2)),
+                Fault("429", every=rng.randint(4, 9), retry_after_s=rng.choice([None, 0.05])),
+                Fault("drop", every=rng.randint(7, 13)), Fault("truncate", every=rng.randint(7, 17)),
+                Fault("malformed", every=rng.randint(11, 19)), Fault("timeout", every=rng.randint(13, 29), delay_s=1.5)]
+    a, b, c = (fake_server("arithmetic", faults=faults()) for _ in range(3))
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    knobs = dict(max_retries=rng.randint(0, 2), breaker_failures=rng.randint(2, 5), breaker_cooldown_s=0.05,
+                 breaker_max_trips=3, timeout_s=1.0, initial_concurrency=rng.randint(1, 4))
+    items = [{"id": f"p{i}", "prompt": f"Ada has {i} coins and finds 2 more. How many coins?", "reference": str(i + 2)}
+             for i in range(16)]
+    items[3]["prompt"] = "poison: " + items[3]["prompt"]
+    cfg = {"generator": "chaos", "seed": seed, "category": "math",
+           "teachers": {"solver": fast_teacher([a.base_url, b.base_url, dead], stream=True, **knobs),
+                        "checker": fast_teacher([c.base_url], **knobs)},
+           "source": {"kind": "inline", "items": items},
+           "steps": [{"kind": "generate", "field": "a", "teacher": "solver", "mode": "off", "n": 2},
+                     {"kind": "generate", "field": "b", "teacher": "checker", "mode": "off", "n": 1},
+                     {"kind": "verify", "fields": ["a", "b"], "method": "math"},
+                     {"kind": "format_sft", "field": "a"}],
+           "output": {"formats": ["jsonl"], "max_inflight_rows": rng.randint(2, 6)}}
+
+    async def bounded(cfg_dict: dict, out: Path):
+        return await asyncio.wait_for(run_async(gen(cfg_dict), out, progress=False), timeout=60)
+    res = asyncio.run(bounded(cfg, tmp_path / "r"))
+    counts, errors = res.manifest.counts, res.manifest.errors or {}
+    assert counts["prompts_done"] + errors.get("prompts_failed", 0) == 16, (counts, errors)
+    assert res.manifest.status == ("complete" if counts["prompts_done"] == 16 else "partial")
+    assert errors.get("prompts_failed", 0) >= 1                                 # the poisoned prompt at least
+    good = fake_server("arithmetic")
+    healthy = json.loads(json.dumps(cfg))
+    for t in healthy["teachers"].values():
+        t["endpoints"] = [good.base_url]
+    resumed = asyncio.run(bounded(healthy, tmp_path / "r"))
+    assert resumed.manifest.status == "complete" and resumed.manifest.counts["prompts_done"] == 16
+    clean = asyncio.run(bounded(healthy, tmp_path / "clean"))
+    assert clean.manifest.status == "complete"
+    got = (tmp_path / "r" / "records.jsonl").read_bytes()
+    assert got == (tmp_path / "clean" / "records.jsonl").read_bytes()
+    ids = [json.loads(line)["id"] for line in got.splitlines()]
+    assert len(ids) == len(set(ids)) >= 16
 
 
 def test_assistant_prefill_is_continued_and_recorded(fake_server, tmp_path):
