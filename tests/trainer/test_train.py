@@ -194,11 +194,28 @@ def test_config_errors_name_the_field(shard_sets, tmp_path):
         train(load_run_config(None, data=cfg))
 
 
-def test_tensorboard_logging(shard_sets, tmp_path):
-    pytest.importorskip("tensorboard")
-    cfg = run_config(tmp_path / "tb", shard_sets, **{"train.steps": 2, "log.tensorboard": True})
+def test_tensorboard_holds_every_numeric_metric_of_the_jsonl_at_its_step(shard_sets, tmp_path):
+    """`log.tensorboard: true` writes each numeric field of each metrics record (nested ones as `a/b`) as a
+    scalar at the record's step; read back with TensorBoard's own reader. tensorboard is a test dependency."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = run_config(tmp_path / "tb", shard_sets, **{"train.steps": 3, "eval.every_steps": 3, "log.tensorboard": True})
     train(load_run_config(None, data=cfg))
-    assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    train_recs = records(tmp_path / "tb")
+    assert [e.step for e in events.Scalars("loss")] == [r["step"] for r in train_recs] == [1, 2, 3]
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx([r["loss"] for r in train_recs])  # float32
+    assert [e.step for e in events.Scalars("eval_loss")] == [r["step"] for r in records(tmp_path / "tb", "eval")]
+    nested = next(k for k, v in train_recs[-1].items() if isinstance(v, dict))
+    assert any(tag.startswith(nested + "/") for tag in events.Tags()["scalars"])
+
+
+def test_tensorboard_asked_for_but_not_installed_stops_with_the_extra_to_install(shard_sets, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)       # import fails as if absent
+    cfg = run_config(tmp_path / "tb", shard_sets, **{"train.steps": 2, "log.tensorboard": True})
+    with pytest.raises(RuntimeError, match=r"purokit\[tensorboard\]"):
+        train(load_run_config(None, data=cfg))
 
 
 def test_a_non_finite_loss_stops_before_any_checkpoint_after_it(shard_sets, tmp_path, monkeypatch):
