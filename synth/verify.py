@@ -107,25 +107,48 @@ def last_boxed(text: str) -> str | None:
     return spans[-1][1] if spans else None
 
 
-_NUMBER = r"-?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?%?"
-_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*\$?([^\n$]+?)\$?\s*(?:\.\s|\.$|$|\n)", re.I)
+_NUMBER = r"-?\$?\d[\d,]*(?:\.\d+)?(?:[eE][+-]?\d+)?(?:/\d+)?%?"
+# "answer is X", "Answer: X", "**Answer:** X" (markdown emphasis around the label or the answer)
+_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*:?\s*(?:\*\*|__|\*|_)?\s*\$?([^\n$]+?)\$?\s*"
+                        r"(?:\.\s|\.$|$|\n)", re.I)
+# Minus signs other than U+002D that prose uses before a number (U+2212 minus, small and fullwidth hyphen-minus).
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 # Words that hedge a final answer (minerva and PRM800K grade a committed answer, not a guess).
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|possibly|probably|(?:might|could|may)\s+be|not\s+sure|unsure|i\s+guess)\b"
                     r"|\beither\b.*\bor\b", re.I)
 
 
+def after_thinking(text: str) -> str:
+    """What a response says after its thinking: the text after the last `</think>`; "" when a
+    `<think>` is never closed (all of it is thinking); the whole text when it has no think tags.
+    Answers guessed inside a think block are never the final answer."""
+    if THINK_CLOSE in text:
+        return text[text.rindex(THINK_CLOSE) + len(THINK_CLOSE):]
+    return "" if THINK_OPEN in text else text
+
+
+def _final_text(text: str) -> str:
+    return after_thinking(text).translate(_MINUS_SIGNS)
+
+
+def _unemphasize(answer: str) -> str:
+    """An answer without the markdown emphasis around it (`**42**`, `*x = 3*`)."""
+    return answer.strip().strip("*_").strip()
+
+
 def extract_final_answer(text: str) -> str | None:
     """The final answer a response commits to, or None when it commits to none (lenient: the
-    last box, else "answer is X", "#### X", else the last number)."""
+    last box, else "answer is X", "#### X", else the last number), outside any think block."""
+    text = _final_text(text)
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     m = re.search(r"####\s*([^\n]+)", text)
     if m:
-        return m.group(1).strip()
+        return _unemphasize(m.group(1))
     found = _ANSWER_IS.findall(text)
     if found:
-        return found[-1].strip()
+        return _unemphasize(found[-1])
     nums = re.findall(_NUMBER, text)
     return nums[-1] if nums else None
 
@@ -143,7 +166,9 @@ _MAX_FINAL_BOXES = 8
 def committed_answer(text: str) -> tuple[str | None, str]:
     """(answer, problem): what the response commits to, strictly. Several different boxed answers
     in the final paragraph come back joined by " or " (a set when the reference is one, else a
-    rejection); a hedged answer ("Maybe 3 or 4.", "\\boxed{4?}") is None with the reason."""
+    rejection); a hedged answer ("Maybe 3 or 4.", "\\boxed{4?}") is None with the reason. Only the
+    text after the thinking counts (`after_thinking`)."""
+    text = _final_text(text)
     spans = boxed_spans(text)
     if spans:
         last_start = spans[-1][0]
@@ -154,9 +179,9 @@ def committed_answer(text: str) -> tuple[str | None, str]:
                 finals.append(content)
         answer, where = " or ".join(finals), last_start
     elif (m := list(re.finditer(r"####\s*([^\n]+)", text))):
-        answer, where = m[-1].group(1).strip(), m[-1].start()
+        answer, where = _unemphasize(m[-1].group(1)), m[-1].start()
     elif (m := list(_ANSWER_IS.finditer(text))):
-        answer, where = m[-1].group(1).strip(), m[-1].start()
+        answer, where = _unemphasize(m[-1].group(1)), m[-1].start()
     else:
         nums = list(re.finditer(_NUMBER, text))
         if not nums:
@@ -242,7 +267,7 @@ _FUNCS = {"sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan, "cot": lambda z:
           "arccos": cmath.acos, "arctan": cmath.atan, "sinh": cmath.sinh, "cosh": cmath.cosh, "tanh": cmath.tanh,
           "ln": cmath.log, "log": cmath.log, "exp": cmath.exp}
 _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "lambda", "mu", "phi", "psi", "omega", "sigma", "tau", "rho"}
-_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|\\([a-zA-Z]+)|([a-zA-Z]+)|(\S))")
+_TOKEN = re.compile(r"\s*(?:((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)|\\([a-zA-Z]+)|([a-zA-Z]+)|(\S))")
 
 Value = Fraction | complex
 
@@ -672,6 +697,8 @@ def _encloses(s: str) -> bool:
     return depth == 0
 
 
+# A mixed number: `2\frac{1}{2}`, `3\frac12` (TeX's one-token arguments), `2 1/2`.
+_MIXED = re.compile(r"(-?)(\d+)\s*(?:\\frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))|\s(\d+)\s*/\s*(\d+))")
 _EQUATION = re.compile(r"^\\?([a-zA-Z]+)(?:_\{?\w+\}?)?(?:\([a-z]\))?\s*=\s*([^=]+)$")
 
 
@@ -687,12 +714,12 @@ def _scalar(s: str) -> Scalar:
         return Scalar(("-" if t.startswith("-") else "") + "\\infty", None, percent)
     if _THOUSANDS.fullmatch(t):
         t = re.sub(r"\{,\}|,|\\,| ", "", t)
-    mixed = re.fullmatch(r"(-?)(\d+)\s*(?:\\frac\s*\{(\d+)\}\s*\{(\d+)\}|\s(\d+)\s*/\s*(\d+))", t)
-    if mixed and (mixed.group(3) or mixed.group(5)):
+    mixed = _MIXED.fullmatch(t)
+    if mixed:
         sign, whole = -1 if mixed.group(1) else 1, int(mixed.group(2))
-        num, den = (mixed.group(3), mixed.group(4)) if mixed.group(3) else (mixed.group(5), mixed.group(6))
-        if int(den) != 0:
-            return Scalar(t, ("n", sign * (whole + Fraction(int(num), int(den)))), percent)
+        num, den = (int(x) for x in [g for g in mixed.groups()[2:] if g is not None])
+        if den != 0:
+            return Scalar(t, ("n", sign * (whole + Fraction(num, den))), percent)
     return Scalar(t, parse_expression(t), percent)
 
 

@@ -250,3 +250,34 @@ def test_structured_output_is_validated_against_its_schema(text, why):
         assert reason is None
     else:
         assert reason is not None and why in reason, reason
+
+
+# Issue 38: the eight answer formats an outside check found graded wrongly (each failed before the fix).
+ISSUE38_FORMATS = [
+    ("mixed number, TeX one-token arguments", r"So it takes \boxed{3\frac12} hours.", "3.5", True),
+    ("mixed number, one braced argument", r"\boxed{3\frac1{4}}", "3.25", True),
+    ("scientific e-notation", r"The count is \boxed{1e3}.", "1000", True),
+    ("scientific E-notation, negative exponent", r"\boxed{2.5E-4}", "0.00025", True),
+    ("times ten to the power", r"\boxed{6.02 \times 10^{23}}", "602000000000000000000000", True),
+    ("e-notation in prose", "Avogadro's number is about 6.02e23.", r"6.02 \times 10^{23}", True),
+    ("U+2212 minus in prose", "By midnight the temperature drops to \u221212 degrees.", "-12", True),
+    ("U+2212 minus is not plus", "By midnight the temperature drops to \u221212 degrees.", "12", False),
+    ("markdown bold label", "Adding them up.\n\n**Answer:** 42", "42", True),
+    ("markdown bold label and answer", "**Answer: 42**", "42", True),
+    ("boxed guesses inside the thinking", r"<think>maybe \boxed{5}? or \boxed{7}</think> The answer is \boxed{6}.",
+     "6", True),
+    ("the thinking's guess is not the answer", r"<think>\boxed{5}</think> So the answer is 6.", "5", False),
+    ("the final answer after the thinking wins", r"<think>\boxed{5}</think> So the answer is 6.", "6", True),
+    ("an unclosed think block commits to nothing", r"<think>I think \boxed{6}", "6", False),
+]
+
+
+@pytest.mark.parametrize("what,response,reference,ok", ISSUE38_FORMATS, ids=[c[0] for c in ISSUE38_FORMATS])
+def test_issue38_answer_formats(what, response, reference, ok):
+    assert verify_math(response, reference, {}).passed is ok
+
+
+def test_answers_inside_the_think_block_are_never_extracted():
+    assert extract_final_answer(r"<think>\boxed{5}</think> So the answer is 6.") == "6"
+    assert extract_final_answer(r"<think>\boxed{5} and 7") is None
+    assert extract_final_answer(r"no tags, \boxed{5}") == "5"
