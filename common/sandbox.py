@@ -41,8 +41,14 @@ Verdicts: `passed` (the tests ran to their end), `failed` (an `AssertionError`),
 exception, a syntax error, a blocked operation, an exit before the end of the tests), `oom`
 (`MemoryError` under the address-space limit, or killed by the kernel), `timeout` (wall clock or CPU
 limit). Left to the namespaces, not to this module: code that inspects the runner's own frames or
-memory (it runs in the same interpreter), and answers that cheat semantically (an object whose
-`__eq__` is always true).
+memory (it runs in the same interpreter, and could find the nonce there).
+
+Results judged outside: `run_python_values(code, expressions)` evaluates each expression after the
+code and writes its result on the result descriptor as tagged JSON built from the value's *exact*
+type (captured builtins, no method of the value runs); the caller rebuilds plain values
+(`from_plain`) and compares them itself. An object whose `__eq__` is always true, an `int` subclass
+or a `__class__` property comes back as "not plain" with its type's name, so the code's objects never
+take part in a comparison (synth's code checks use it: `synth.domains.code_validate.value_tests`).
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -94,6 +100,50 @@ _IN = {in_dir!r}
 _ALLOW_SUBPROCESS = {allow_subprocess!r}
 _WRITE, _EXIT, _FLUSH_OUT, _FLUSH_ERR = os.write, os._exit, sys.stdout.flush, sys.stderr.flush
 _EXEC, _COMPILE, _OPEN = exec, compile, open
+import json
+_TYPE, _DUMPS, _INT_REPR, _FLOAT_REPR, _HEX = type, json.dumps, int.__repr__, float.__repr__, bytes.hex
+_DICT_ITEMS, _ISINSTANCE, _LEN = dict.items, isinstance, len
+_TAGS = {{list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}}
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain(v, depth):
+    # a value as tagged JSON-able data, by its exact type: a subclass, or any object of the solution's,
+    # is not plain data (no method of the value runs here: exact builtins iterate natively)
+    if depth > 100:
+        raise _NotPlain("nested deeper than 100")
+    t = _TYPE(v)
+    if v is None or t is bool:
+        return v
+    if t is int:
+        return ["int", _INT_REPR(v)]
+    if t is float:
+        return ["float", _FLOAT_REPR(v)]
+    if t is str:
+        return ["str", v]
+    if t is bytes:
+        return ["bytes", _HEX(v)]
+    if t is complex:
+        return ["complex", _FLOAT_REPR(v.real), _FLOAT_REPR(v.imag)]
+    if t is dict:
+        return ["dict", [[_plain(k, depth + 1), _plain(x, depth + 1)] for k, x in _DICT_ITEMS(v)]]
+    if t in _TAGS:
+        return [_TAGS[t], [_plain(x, depth + 1) for x in v]]
+    raise _NotPlain(t.__qualname__ if _ISINSTANCE(t.__qualname__, str) else "?")
+
+
+def _emit(key, value):
+    # one value of the tests, serialized here and judged by the caller outside the sandbox
+    try:
+        record = ["value", key, _plain(value, 0)]
+    except _NotPlain as e:
+        record = ["not plain", key, str(e.args[0])[:80]]
+    data = (_DUMPS(record) + "\n").encode()
+    while data:
+        data = data[_WRITE({result_fd}, data):]
 _ASSERTION, _MEMORY, _EXIT_EXC, _ANY = AssertionError, MemoryError, SystemExit, BaseException
 _BUILTINS = dict(builtins.__dict__)
 for _rel in {inputs!r}:
@@ -174,6 +224,7 @@ def _main():
         solution, tests = _COMPILE(_SOLUTION, "solution.py", "exec"), _COMPILE(_TESTS, "tests.py", "exec")
         _EXEC(solution, ns)
         ns["__builtins__"] = dict(_BUILTINS)      # the tests see the builtins as they were
+        ns["__purokit_emit__"] = _emit
         _EXEC(tests, ns)
     except _ASSERTION:
         traceback.print_exc()
@@ -495,6 +546,94 @@ def run_python(
     `files` are extra text files (relative names) placed in the working directory first.
     `python` defaults to the current interpreter (so the same installed packages are importable).
     """
+    return _run(code, tests, limits, files, python)[0]
+
+
+@dataclass(frozen=True)
+class PlainValue:
+    """A value computed in the sandbox, as it crossed the boundary: `value` is rebuilt here from plain
+    data (exact builtin types only), so no object of the sandboxed code can take part in a comparison;
+    `plain` is False (and `value` None) when the sandbox produced something else, `type_name` says what."""
+
+    index: int
+    plain: bool
+    value: object = None
+    type_name: str = ""
+
+
+class PlainDataError(ValueError):
+    """A record of the sandbox's value channel that is not what the runner writes."""
+
+
+def from_plain(tagged: object, depth: int = 0) -> object:
+    """The value of one tagged record of the runner's `_plain` (see `_RUNNER`): exact builtins only."""
+    if depth > 101:
+        raise PlainDataError("nested deeper than 100")
+    if tagged is None or isinstance(tagged, bool):
+        return tagged
+    if not (isinstance(tagged, list) and tagged and isinstance(tagged[0], str)):
+        raise PlainDataError(f"not a tagged value: {str(tagged)[:80]}")
+    tag, *rest = tagged
+    if tag == "int":
+        return int(rest[0])
+    if tag == "float":
+        return float(rest[0])
+    if tag == "str":
+        return str(rest[0])
+    if tag == "bytes":
+        return bytes.fromhex(rest[0])
+    if tag == "complex":
+        return complex(float(rest[0]), float(rest[1]))
+    if tag == "dict":
+        return {from_plain(k, depth + 1): from_plain(v, depth + 1) for k, v in rest[0]}
+    kinds = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+    if tag in kinds:
+        return kinds[tag](from_plain(x, depth + 1) for x in rest[0])
+    raise PlainDataError(f"unknown tag {tag!r}")
+
+
+def _value_records(data: bytes, n_expected: int) -> list[PlainValue]:
+    """The value channel's records, in order; PlainDataError when they are not the n expected ones."""
+    values: list[PlainValue] = []
+    for line in data.splitlines():
+        try:
+            kind, index, payload = json.loads(line)
+            value = from_plain(payload) if kind == "value" else None
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            raise PlainDataError(f"unreadable value record: {e}") from None
+        if kind not in ("value", "not plain") or index != len(values):
+            raise PlainDataError(f"value record {len(values)} is out of order")
+        values.append(PlainValue(index, kind == "value", value, "" if kind == "value" else str(payload)))
+    if len(values) != n_expected:
+        raise PlainDataError(f"{len(values)} value records, expected {n_expected}")
+    return values
+
+
+def run_python_values(
+    code: str,
+    expressions: Sequence[str],
+    limits: SandboxLimits | None = None,
+    files: dict[str, str] | None = None,
+    python: str | None = None,
+) -> tuple[Verdict, list[PlainValue] | None]:
+    """Run `code`, then evaluate each of `expressions` (Python source) in its namespace, with the
+    builtins as they were before `code` ran; return the verdict and, when it passed, the values as
+    plain data (`PlainValue`), to be judged by the caller outside the sandbox. A value that is not
+    exact builtin data (a subclass of int, an object with its own `__eq__`) comes back with
+    `plain=False`: the sandboxed code never decides how its results compare."""
+    program = "".join(f"__purokit_emit__({i}, ({src}\n))\n" for i, src in enumerate(expressions))
+    verdict, data = _run(code, program, limits, files, python)
+    if not verdict.passed:
+        return verdict, None
+    try:
+        return verdict, _value_records(data, len(expressions))
+    except PlainDataError as e:
+        return replace(verdict, status="error", detail=f"value channel: {e}"), None
+
+
+def _run(code: str, tests: str, limits: SandboxLimits | None, files: dict[str, str] | None,
+         python: str | None) -> tuple[Verdict, bytes]:
+    """run_python's body: the verdict and what the runner wrote on its value channel."""
     limits = limits or SandboxLimits()
     python = python or sys.executable
     problem = _namespaces_problem(python)
@@ -548,11 +687,12 @@ def run_python(
             rc = proc.wait()
         duration = time.perf_counter() - t0
         stdout, stderr = _tail(out_path), _tail(err_path)
-        finished = result_path.read_bytes() == nonce
+        written = result_path.read_bytes()
+        finished = written.endswith(nonce)      # the value channel's records, then the nonce
         status, detail = classify(rc, timed_out, stderr, finished, namespaced)
         return Verdict(status=status, returncode=rc, duration_s=round(duration, 4), stdout_tail=stdout,
                        stderr_tail=stderr, network_isolated=isolation != "none" and limits.network_namespace,
-                       detail=detail, isolation=isolation)
+                       detail=detail, isolation=isolation), written[: -len(nonce)] if finished else b""
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

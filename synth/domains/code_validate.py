@@ -11,8 +11,11 @@ cleaning, as pure functions:
   appended to the original problem text; the problem text is a prefix of the final code.
 - `check_solution`: the final code parses (`ast`), the solution imports nothing beyond the
   problem's imports (dynamic `__import__`/`importlib` included), it has at most 60 lines, and,
-  where the problem carries tests, they pass in `common.sandbox` (time and memory limits, no
-  network, a fresh temporary directory).
+  where the problem carries tests, they pass. A test is judged here, never by the solution's
+  objects: each call of the function runs in `common.sandbox` (time and memory limits, no network,
+  a fresh temporary directory), its result crosses the boundary as plain data (exact builtin types;
+  an object with its own `__eq__`, an `int` subclass or a `__class__` spoof is refused by type), and
+  the rest of the assert is evaluated outside on those values (`ValueTest`).
 - `normalize_title` / `dedup_by_title`: dedup by the generated title (§2.3.3).
 - `normalized_body` / `exact_match_benchmark`: exact-match decontamination against benchmark
   solutions such as HumanEval's (§2.3.3 step 1), after stripping docstrings, comments and layout.
@@ -21,12 +24,14 @@ cleaning, as pure functions:
 from __future__ import annotations
 
 import ast
+import builtins
+import math
 import re
 import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from common.sandbox import SandboxLimits, Verdict, run_python
+from common.sandbox import PlainValue, SandboxLimits, run_python_values
 
 MAX_SOLUTION_LINES = 60          # Nemotron 3 §2.3.2: "each <= 60 lines"
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -110,7 +115,8 @@ def is_descriptive_name(name: str) -> bool:
 
 
 def parse_tests(text: str, func_name: str) -> tuple[str, int]:
-    """(tests source, number of asserts) from a tests block: only top-level `assert`s that call `func_name`."""
+    """(tests source, number of asserts) from a tests block: only top-level `assert`s that call
+    `func_name`, each one that `value_tests` can judge on plain data."""
     tree = ast.parse(text)
     kept: list[str] = []
     for node in tree.body:
@@ -119,7 +125,111 @@ def parse_tests(text: str, func_name: str) -> tuple[str, int]:
         if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == func_name for n in ast.walk(node)):
             raise ValueError(f"test at line {node.lineno} does not call {func_name}()")
         kept.append(ast.get_source_segment(text, node) or ast.unparse(node))
-    return "\n".join(kept) + ("\n" if kept else ""), len(kept)
+    source = "\n".join(kept) + ("\n" if kept else "")
+    value_tests(source, func_name)
+    return source, len(kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests judged on plain data
+# ---------------------------------------------------------------------------------------------
+
+# What the outside half of an assert may use: pure builtins on plain data, and `math`.
+_CHECK_BUILTINS = {n: getattr(builtins, n) for n in (
+    "abs", "all", "any", "bool", "bytes", "chr", "complex", "dict", "divmod", "enumerate", "float", "frozenset",
+    "int", "isinstance", "len", "list", "max", "min", "ord", "range", "repr", "reversed", "round", "set", "sorted",
+    "str", "sum", "tuple", "type", "zip")}
+_CHECK_NODES = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Constant, ast.List,
+                ast.Tuple, ast.Set, ast.Dict, ast.Name, ast.Load, ast.Store, ast.Subscript, ast.Slice, ast.Call,
+                ast.keyword, ast.Attribute, ast.Starred, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
+                ast.comprehension, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+_SCOPES = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
+_MAX_EXPONENT = 64
+
+
+@dataclass(frozen=True)
+class ValueTest:
+    """One assert, split where the solution's values enter it: `calls` (the outermost calls of the
+    function, with their arguments) run in the sandbox; `check` (the assert's expression with each
+    call replaced by `_r0`, `_r1`, ...) is evaluated outside on the plain values they returned."""
+
+    line: int
+    source: str
+    check: str
+    calls: tuple[str, ...]
+
+
+class _LiftCalls(ast.NodeTransformer):
+    def __init__(self, func_name: str):
+        self.func_name, self.calls, self.depth = func_name, [], 0
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if isinstance(node.func, ast.Name) and node.func.id == self.func_name:
+            if self.depth:
+                raise ValueError(f"calls {self.func_name}() inside a comprehension or lambda (write one assert per case)")
+            self.calls.append(ast.unparse(node))
+            return ast.copy_location(ast.Name(f"_r{len(self.calls) - 1}", ast.Load()), node)
+        return self.generic_visit(node)
+
+    def _scope(self, node: ast.AST) -> ast.AST:
+        self.depth += 1
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.depth -= 1
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_Lambda = _scope
+
+
+def _check_problem(check: ast.Expression, n_calls: int) -> str | None:
+    """Why `check` cannot be evaluated outside the sandbox on plain data, or None."""
+    bound = {f"_r{i}" for i in range(n_calls)} | set(_CHECK_BUILTINS) | {"math"}
+    bound |= {n.id for n in ast.walk(check) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for n in ast.walk(check):
+        if not isinstance(n, _CHECK_NODES):
+            return f"uses {type(n).__name__}"
+        if isinstance(n, ast.Name) and n.id not in bound:
+            return f"uses the name {n.id!r} (only the function's results, builtins on plain data and math)"
+        if isinstance(n, ast.Attribute) and n.attr.startswith("_"):
+            return f"uses the attribute {n.attr!r}"
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and not (
+                isinstance(n.right, ast.Constant) and isinstance(n.right.value, int) and abs(n.right.value) <= _MAX_EXPONENT):
+            return f"raises to a power other than a constant of at most {_MAX_EXPONENT}"
+    return None
+
+
+def value_tests(tests: str, func_name: str) -> list[ValueTest]:
+    """The asserts of a tests block split for judging on plain data; ValueError(reason) for an assert
+    that cannot be judged that way (it names the line)."""
+    out = []
+    for node in ast.parse(tests).body:
+        if not isinstance(node, ast.Assert):
+            raise ValueError(f"tests may only contain assert statements, found {type(node).__name__} at line {node.lineno}")
+        lift = _LiftCalls(func_name)
+        try:
+            check = ast.fix_missing_locations(ast.Expression(lift.visit(node.test)))
+        except ValueError as e:
+            raise ValueError(f"test at line {node.lineno} {e}") from None
+        why = _check_problem(check, len(lift.calls))
+        if why:
+            raise ValueError(f"test at line {node.lineno} {why}")
+        out.append(ValueTest(node.lineno, ast.unparse(node), ast.unparse(check), tuple(lift.calls)))
+    return out
+
+
+def judge_value_test(test: ValueTest, values: list[PlainValue], func_name: str) -> str | None:
+    """Why `test` fails on the plain `values` its calls returned, or None when it holds."""
+    for i, v in enumerate(values):
+        if not v.plain:
+            return (f"test at line {test.line}: {func_name}() returned a {v.type_name}, not plain data "
+                    f"(exact int, float, complex, str, bytes, bool, None, list, tuple, set, frozenset, dict)")
+    env = {f"_r{i}": v.value for i, v in enumerate(values)}
+    try:
+        held = eval(compile(test.check, f"<test line {test.line}>", "eval"),   # noqa: S307 - checked by _check_problem
+                    {"__builtins__": _CHECK_BUILTINS, "math": math}, env)
+    except Exception as e:       # a failing comparison of the values (TypeError, ...) fails the test
+        return f"test at line {test.line}: {test.source} raised {type(e).__name__}: {str(e)[:120]}"
+    return None if held is True or (type(held) in (bool, int) and bool(held)) else f"test at line {test.line} failed: {test.source}"
 
 
 def parse_problem(output: str) -> Problem:
@@ -289,12 +399,27 @@ def check_solution(problem: Problem, spliced: Spliced, *, max_lines: int = MAX_S
     if spliced.n_lines > max_lines:
         return CodeVerdict(False, f"{spliced.n_lines} lines, at most {max_lines}", spliced.n_lines)
     if run_tests and problem.tests:
-        verdict: Verdict = run_python(spliced.final_code, problem.tests, limits=limits or SandboxLimits(timeout_s=5, memory_mb=512))
-        sandbox = {k: v for k, v in verdict.to_dict().items() if k in ("status", "detail", "duration_s", "network_isolated")}
-        if not verdict.passed:
-            return CodeVerdict(False, f"tests {verdict.status}: {verdict.detail}", spliced.n_lines, sandbox=sandbox)
-        return CodeVerdict(True, "", spliced.n_lines, sandbox=sandbox)
+        return _run_tests(problem, spliced, limits or SandboxLimits(timeout_s=5, memory_mb=512))
     return CodeVerdict(True, "", spliced.n_lines)
+
+
+def _run_tests(problem: Problem, spliced: Spliced, limits: SandboxLimits) -> CodeVerdict:
+    """The problem's tests: the calls in the sandbox, the judgement here on their plain results."""
+    try:
+        tests = value_tests(problem.tests, problem.func_name)
+    except (SyntaxError, ValueError) as e:
+        return CodeVerdict(False, f"tests unusable: {e}", spliced.n_lines)
+    verdict, values = run_python_values(spliced.final_code, [c for t in tests for c in t.calls], limits=limits)
+    sandbox = {k: v for k, v in verdict.to_dict().items() if k in ("status", "detail", "duration_s", "network_isolated")}
+    if not verdict.passed or values is None:
+        return CodeVerdict(False, f"tests {verdict.status}: {verdict.detail}", spliced.n_lines, sandbox=sandbox)
+    start = 0
+    for t in tests:
+        why = judge_value_test(t, values[start: start + len(t.calls)], problem.func_name)
+        start += len(t.calls)
+        if why:
+            return CodeVerdict(False, f"tests failed: {why}", spliced.n_lines, sandbox=dict(sandbox, status="failed"))
+    return CodeVerdict(True, "", spliced.n_lines, sandbox=sandbox)
 
 
 # ---------------------------------------------------------------------------------------------

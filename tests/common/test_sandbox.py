@@ -327,3 +327,39 @@ def test_fallback_runs_in_its_work_directory_and_cannot_reach_the_verdict_files(
     assert set(eval(v.stdout_tail.strip())) <= {"solution.py", "tests.py", "_runner.py", "_stdout.txt", "_stderr.txt"}
     v = run_python("open('../out/result', 'wb').write(b'x')", limits=FAST)
     assert v.status == "error", v
+
+
+# ---- the value channel: results cross the boundary as plain data ---------------------------------
+
+def test_values_come_back_as_exact_plain_data():
+    from common.sandbox import run_python_values
+    code = "def f():\n    return {'a': [1, 2.5, (3, b'x')], 's': {1, 2}, 'n': None, 'c': 1+2j, 'big': 2**100, 't': True}\n"
+    verdict, values = run_python_values(code, ["f()", "'x' * 3"], SandboxLimits(timeout_s=20))
+    assert verdict.passed, verdict
+    assert values[0].plain and values[0].value == {"a": [1, 2.5, (3, b"x")], "s": {1, 2}, "n": None, "c": 1 + 2j,
+                                                   "big": 2 ** 100, "t": True}
+    assert type(values[0].value["a"][2]) is tuple and type(values[0].value["t"]) is bool
+    assert values[1].value == "xxx"
+
+
+def test_objects_of_the_code_are_not_plain_data():
+    from common.sandbox import run_python_values
+    code = ("class Eq:\n    def __eq__(self, o): return True\n"
+            "class I(int):\n    pass\n"
+            "class Spoof:\n    __class__ = property(lambda self: int)\n")
+    verdict, values = run_python_values(code, ["Eq()", "I(3)", "Spoof()", "[1, I(2)]"], SandboxLimits(timeout_s=20))
+    assert verdict.passed, verdict
+    assert [(v.plain, v.type_name) for v in values] == [(False, "Eq"), (False, "I"), (False, "Spoof"), (False, "I")]
+
+
+def test_records_forged_on_the_value_channel_are_an_error():
+    from common.sandbox import run_python_values
+    code = ("import os\n"
+            "for fd in range(3, 64):\n"
+            "    try:\n"
+            "        os.write(fd, b'[\"value\", 0, [\"int\", \"3\"]]\\n')\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "def f():\n    return 4\n")
+    verdict, values = run_python_values(code, ["f()"], SandboxLimits(timeout_s=20))
+    assert values is None and verdict.status == "error" and "value channel" in verdict.detail, verdict

@@ -3,6 +3,8 @@ must reject an infinite loop, a network call and an extra import, and HumanEval 
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from common.sandbox import SandboxLimits
@@ -178,13 +180,26 @@ def humaneval():
     return read_problems()
 
 
+def humaneval_asserts(test: str, entry: str) -> str:
+    """HumanEval's `def check(candidate): assert candidate(...) == ...` as top-level asserts on `entry`
+    (the form problem teachers write)."""
+    check = next(n for n in ast.parse(test).body if isinstance(n, ast.FunctionDef) and n.name == "check")
+    asserts = [n for n in check.body if isinstance(n, ast.Assert)]
+    for n in asserts:
+        for name in ast.walk(n):
+            if isinstance(name, ast.Name) and name.id == "candidate":
+                name.id = entry
+    return "".join(ast.unparse(n) + "\n" for n in asserts)
+
+
 def test_humaneval_canonical_solutions_pass_the_same_checks(humaneval):
     accepted = 0
     for task_id in ("HumanEval/0", "HumanEval/2", "HumanEval/4", "HumanEval/11", "HumanEval/13"):
         item = humaneval[task_id]
         entry = item["entry_point"]
         p = parse_problem("Title: x\n```python\n" + item["prompt"] + "```\n")
-        p.tests, p.n_tests = item["test"] + f"\ncheck({entry})\n", 1
+        p.tests = humaneval_asserts(item["test"], entry)
+        p.n_tests = p.tests.count("assert ")
         s = splice_solution(p, "```python\n" + item["prompt"] + item["canonical_solution"] + "```\n")
         v = check_solution(p, s, limits=LIMITS)
         assert v.ok, (task_id, v)
@@ -215,3 +230,118 @@ def test_titles_are_checked_and_deduplicated():
     kept, dups = dedup_by_title(items, lambda x: x[1])
     assert [k for k, _ in kept] == ["a", "c"] and [d for d, _ in dups] == ["b"]
     assert normalize_title("  Hello,   World!! ") == "hello world"
+
+
+# ---- solutions whose objects try to decide their own tests (issue 38) -------------------------
+
+AREA_PROBLEM = '''Title: Area of a circle from its radius
+
+```python
+import math
+import sys
+
+
+def area_of_circle_from_radius(radius: float) -> float:
+    """Return the area of a circle of the given radius (pi times the radius squared); raise
+    ValueError for a negative radius. sys.float_info bounds the radius you will be given."""
+    pass
+```
+
+```python
+assert area_of_circle_from_radius(0.0) == 0.0
+assert area_of_circle_from_radius(2.0) == 4 * math.pi
+assert abs(area_of_circle_from_radius(1.0) - 3.14159265) < 1e-6
+assert area_of_circle_from_radius(3.0) > 28
+```
+'''
+# the same problem tested through a module function the solution can reach
+ISCLOSE_PROBLEM = AREA_PROBLEM.split("```python\nassert")[0] + '''```python
+assert area_of_circle_from_radius(0.0) == 0.0
+assert math.isclose(area_of_circle_from_radius(2.0), 12.5663706, rel_tol=1e-6)
+```
+'''
+
+CHEATS = {
+    "always-equal object": '''
+class _Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __sub__(self, other): return self
+    def __abs__(self): return 0
+    def __gt__(self, other): return True
+    def __float__(self): return 3.0
+def area_of_circle_from_radius(radius):
+    return _Anything()
+''',
+    "int subclass": '''
+class _Zero(int):
+    def __eq__(self, other): return True
+    def __sub__(self, other): return _Zero(0)
+    def __gt__(self, other): return True
+    __hash__ = int.__hash__
+def area_of_circle_from_radius(radius):
+    return _Zero(0)
+''',
+    "__class__ spoofing": '''
+class _Spoof:
+    __class__ = property(lambda self: float)
+    def __eq__(self, other): return True
+    def __sub__(self, other): return 0.0
+    def __gt__(self, other): return True
+    def __float__(self): return 0.0
+def area_of_circle_from_radius(radius):
+    return _Spoof()
+''',
+    "math module patching": '''
+def area_of_circle_from_radius(radius):
+    math.isclose = lambda *args, **kwargs: True
+    return {0.0: 0.0}.get(radius, -1.0)
+''',
+    "sys.modules patching": '''
+class _FakeMath:
+    def isclose(self, *args, **kwargs): return True
+    def __getattr__(self, name): return 0
+def area_of_circle_from_radius(radius):
+    sys.modules["math"] = sys.modules["json"] = _FakeMath()
+    globals()["math"] = sys.modules["math"]
+    return {0.0: 0.0}.get(radius, -1.0)
+''',
+}
+
+
+def _area_solution(body: str) -> str:
+    return "```python\nimport math\nimport sys\n" + body + "```\n"
+
+
+def test_an_honest_solution_passes_the_plain_data_tests():
+    p = parse_problem(AREA_PROBLEM)
+    assert p.n_tests == 4
+    honest = _area_solution("def area_of_circle_from_radius(radius):\n    if radius < 0:\n"
+                            "        raise ValueError(radius)\n    return math.pi * radius ** 2\n")
+    v = check_solution(p, splice_solution(p, honest), limits=LIMITS)
+    assert v.ok, v
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_a_solution_object_cannot_decide_its_own_test(name):
+    p = parse_problem(ISCLOSE_PROBLEM if "patching" in name else AREA_PROBLEM)
+    v = check_solution(p, splice_solution(p, _area_solution(CHEATS[name])), limits=LIMITS)
+    assert not v.ok, (name, v)
+    assert v.reason.startswith("tests failed: test at line"), v.reason
+
+
+def test_returned_objects_are_refused_by_their_exact_type_and_named():
+    p = parse_problem(AREA_PROBLEM)
+    v = check_solution(p, splice_solution(p, _area_solution(CHEATS["int subclass"])), limits=LIMITS)
+    assert "returned a _Zero, not plain data" in v.reason
+
+
+@pytest.mark.parametrize("tests,why", [
+    ("assert all(area_of_circle_from_radius(r) >= 0 for r in (1, 2))", "inside a comprehension"),
+    ("assert helper(area_of_circle_from_radius(1.0))", "uses the name 'helper'"),
+    ("assert area_of_circle_from_radius(1.0).__class__ is float", "attribute '__class__'"),
+    ("assert area_of_circle_from_radius(1.0) < 2 ** 10 ** 9", "raises to a power"),
+])
+def test_tests_that_cannot_be_judged_on_plain_data_make_the_problem_unusable(tests, why):
+    with pytest.raises(ValueError, match=why):
+        parse_problem(AREA_PROBLEM.split("```python\nassert")[0] + "```python\n" + tests + "\n```\n")
