@@ -76,7 +76,7 @@ def concept_combo_source(seed: int, n: int = 100, taxonomy: str = "code_concepts
 PROBLEM_PROMPT = """Write a new Python programming problem that exercises these programming concepts together: {concepts_text}.
 (This is variant {problem_idx} of {n_problems} for this combination; make it different from an obvious first idea.)
 
-Give it a title of 5 to 8 words. Then write the problem as one Python function with a descriptive name whose docstring states the problem precisely (inputs, output, edge cases) with one or two examples. Put any imports the solution may need at the top. Do not solve it: the function body is only the docstring. Then write 3 to 5 assert statements that test the function.
+Give it a title of 5 to 8 words. Then write the problem as one Python function with a descriptive name whose docstring states the problem precisely (inputs, output, edge cases) with one or two examples. Put any imports the solution may need at the top. Do not solve it: the function body is only the docstring. Then write 3 to 5 assert statements that test the function, one case each: call the function with literal arguments and compare its result with a literal value (results must be plain data: numbers, strings, bytes, booleans, None, lists, tuples, sets, dicts).
 
 Answer in exactly this form:
 Title: <title>
