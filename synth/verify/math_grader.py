@@ -1,23 +1,18 @@
-"""Verifiers: pure functions that decide whether a response is right, and a registry so domain
-generators add their own (`@register_verifier("sql_exec")`).
+"""The math grader (LN §2.1 keeps solutions that reach the expected answer), at the level of
+lm-eval's minerva_math, Qwen2.5-Math and PRM800K's graders.
 
-- Reasoning-toggle format (Llama-Nemotron §3.2, §5.1 format reward; LN testable behaviour 23):
-  on-mode needs exactly one `<think>`...`</think>` pair, in order, with a non-empty final answer
-  after it; off-mode needs neither tag.
-- Math answers (LN §2.1 keeps solutions that reach the expected answer), graded at the level of
-  lm-eval's minerva_math, Qwen2.5-Math and PRM800K's graders: the committed final answer (the
-  last `\\boxed{}`, else "answer is X", "#### X", the last number; hedged answers such as
-  "Maybe 3 or 4." are rejected) is cleaned of presentation (math delimiters, `\\left`, spacing,
-  `\\text{}`, `\\dfrac`, Unicode minus), units, money signs, degree signs and thousands
-  separators, then parsed as a structure (tuples and intervals with their brackets, sets, unions,
-  "3 or 4", matrices, `x = 5`, mixed numbers `2\\frac{1}{2}`) and compared exactly (rationals) or
-  numerically at fixed test points (expressions), by a parser and evaluator of our own that
-  cannot hang (no sympy, no eval; exact powers and factorials are bounded).
-  Percent convention: an answer written with a percent sign, `p%`, equals both p and p/100
-  (the reference may carry the sign instead); without a sign, 0.5 and 50 differ. Units are
-  dropped, not converted (`5 cm` equals 5).
-- Multiple choice: the letter of the last explicit answer statement.
-- Structured output: `check_json_schema(text, schema)` (Draft 2020-12 with formats).
+- The committed final answer, after any thinking (`format.after_thinking`): the last `\\boxed{}`,
+  else "answer is X" (markdown emphasis around the label allowed), "#### X", the last number
+  (e-notation and Unicode minus signs read); hedged answers such as "Maybe 3 or 4." are rejected.
+- Cleaned of presentation (math delimiters, `\\left`, spacing, `\\text{}`, `\\dfrac`, Unicode
+  minus), units, money signs, degree signs and thousands separators, then parsed as a structure
+  (tuples and intervals with their brackets, sets, unions, "3 or 4", matrices, `x = 5`, mixed
+  numbers `2\\frac{1}{2}` and `3\\frac12`) and compared exactly (rationals) or numerically at fixed
+  test points (expressions), by a parser and evaluator of our own that cannot hang (no sympy, no
+  eval; exact powers and factorials are bounded).
+- Percent convention: an answer written with a percent sign, `p%`, equals both p and p/100 (the
+  reference may carry the sign instead); without a sign, 0.5 and 50 differ. Units are dropped, not
+  converted (`5 cm` equals 5).
 - Majority vote (LN §2.1, §2.3 fallback when no reference exists): the most common answer over
   the samples, grouped by equivalence, ties broken by first appearance in sample order.
 """
@@ -25,57 +20,13 @@ generators add their own (`@register_verifier("sql_exec")`).
 from __future__ import annotations
 
 import cmath
-import json
 import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import SchemaError
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-
-
-# ---- reasoning toggle format ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ReasoningParse:
-    think: str | None       # the text inside the one think block (None when absent or malformed)
-    answer: str             # what follows </think> (on-mode) or the whole response (off-mode)
-    ok: bool
-    problem: str            # why not ok ("" when ok)
-
-
-def parse_reasoning(text: str, mode: str) -> ReasoningParse:
-    """Split and check a response for the `detailed thinking on|off` toggle."""
-    n_open, n_close = text.count(THINK_OPEN), text.count(THINK_CLOSE)
-    if mode == "off":
-        if n_open or n_close:
-            return ReasoningParse(None, text.strip(), False, "off-mode response contains think tags")
-        if not text.strip():
-            return ReasoningParse(None, "", False, "empty response")
-        return ReasoningParse(None, text.strip(), True, "")
-    if mode != "on":
-        raise ValueError(f"mode must be 'on' or 'off', not {mode!r}")
-    if n_open != 1 or n_close != 1:
-        what = "missing" if (n_open == 0 or n_close == 0) else "repeated or nested"
-        return ReasoningParse(None, text.strip(), False,
-                              f"on-mode needs exactly one <think>...</think> block ({what}: {n_open} open, {n_close} close)")
-    i, j = text.index(THINK_OPEN), text.index(THINK_CLOSE)
-    if j < i:
-        return ReasoningParse(None, text.strip(), False, "</think> comes before <think>")
-    if text[:i].strip():
-        return ReasoningParse(None, text.strip(), False, "text before <think>")
-    think = text[i + len(THINK_OPEN): j].strip()
-    answer = text[j + len(THINK_CLOSE):].strip()
-    if not think:
-        return ReasoningParse(None, answer, False, "empty think block")
-    if not answer:
-        return ReasoningParse(think, "", False, "no final answer after </think>")
-    return ReasoningParse(think, answer, True, "")
+from synth.verify.format import after_thinking
 
 
 # ---- final answers ------------------------------------------------------------------------------
@@ -116,15 +67,6 @@ _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 # Words that hedge a final answer (minerva and PRM800K grade a committed answer, not a guess).
 _HEDGE = re.compile(r"\b(?:maybe|perhaps|possibly|probably|(?:might|could|may)\s+be|not\s+sure|unsure|i\s+guess)\b"
                     r"|\beither\b.*\bor\b", re.I)
-
-
-def after_thinking(text: str) -> str:
-    """What a response says after its thinking: the text after the last `</think>`; "" when a
-    `<think>` is never closed (all of it is thinking); the whole text when it has no think tags.
-    Answers guessed inside a think block are never the final answer."""
-    if THINK_CLOSE in text:
-        return text[text.rindex(THINK_CLOSE) + len(THINK_CLOSE):]
-    return "" if THINK_OPEN in text else text
 
 
 def _final_text(text: str) -> str:
@@ -865,61 +807,6 @@ def asks_for_all_solutions(question: str | None) -> bool:
     return bool(question and _ALL_SOLUTIONS.search(question))
 
 
-# ---- multiple choice ----------------------------------------------------------------------------
-
-# Explicit answer statements. A letter counts only when it stands alone (followed by the end, or
-# punctuation then a space), so "e.g. option C" is not an answer E; the *last* statement wins, so
-# "Answer: A ... actually B" is B.
-_LETTER_END = r"(?=\s*(?:$|[).,;:!*\]]?(?:\s|$)))"
-_MC = [re.compile(p, re.MULTILINE) for p in (
-    r"\\boxed\{\s*\(?([A-J])\)?\s*\}",
-    r"(?i:answer)\**\s*(?:is|should\s+be|would\s+be|:|=)\s*:?\s*\**\s*(?:option\s+|choice\s+)?\(?([A-J])\)?\**" + _LETTER_END,
-    r"(?i:answer)\**\s*(?:is|:|=)\s*\**\s*\(([a-j])\)",
-    r"(?i:answer)\s*:\s*([a-j])\s*$",
-    r"^\s*\**\(?([A-J])\)?\**\s*$",
-    r"(?i:\b(?:option|choice))\s+\(?([A-J])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best))",
-    r"(?i:\b(?:actually|instead|rather|correction|so\s+it'?s|i\s+(?:choose|pick|select)|i'?ll\s+go\s+with|go\s+with))"
-    r",?\s+(?:it'?s\s+|it\s+is\s+|option\s+|choice\s+)?\(?([A-J])\)?" + _LETTER_END,
-)]
-
-
-def choice_statements(text: str) -> list[tuple[int, str]]:
-    """(position, letter) of every explicit answer statement, in text order."""
-    found = {m.start(1): m.group(1).upper() for pat in _MC for m in pat.finditer(text)}
-    return sorted(found.items())
-
-
-def extract_choice_letter(text: str) -> str | None:
-    """The letter of the last explicit answer statement, or None."""
-    found = choice_statements(text)
-    return found[-1][1] if found else None
-
-
-# ---- structured output ----------------------------------------------------------------------------
-
-def check_json_schema(text: str, schema: dict[str, Any]) -> str | None:
-    """None when `text` (optionally in a ```json fence) is one JSON value valid under `schema`
-    (Draft 2020-12, formats checked with `FormatChecker`), else why not: the first error and its path."""
-    s = text.strip()
-    fence = re.fullmatch(r"```[a-zA-Z]*\s*\n?(.*?)\n?```", s, re.S)
-    if fence:
-        s = fence.group(1).strip()
-    try:
-        value = json.loads(s)
-    except json.JSONDecodeError as e:
-        return f"reply is not JSON ({e.msg} at char {e.pos}): {text.strip()[:80]!r}"
-    try:
-        validator = Draft202012Validator(schema, format_checker=FormatChecker())
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-    except SchemaError as e:
-        return f"the JSON schema itself is invalid: {e.message[:160]}"
-    if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        return f"reply does not match the JSON schema at {where}: {e.message[:160]}"
-    return None
-
-
 # ---- majority vote ------------------------------------------------------------------------------
 
 def majority_answer(answers: list[str | None], key: Callable[[str | None], str | None] = canonical_math_key
@@ -938,79 +825,3 @@ def majority_answer(answers: list[str | None], key: Callable[[str | None], str |
         return None, 0
     best = max(counts, key=lambda k: (counts[k], -first[k][0]))
     return first[best][1], counts[best]
-
-
-# ---- registry -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Outcome:
-    passed: bool
-    score: float | None = None
-    detail: str = ""
-    extracted: str | None = None
-
-
-Verifier = Callable[[str, Any, dict[str, Any]], Outcome]
-VERIFIERS: dict[str, Verifier] = {}
-
-
-def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
-    """Register `fn(response_text, reference, row_fields) -> Outcome` under `name`."""
-    def deco(fn: Verifier) -> Verifier:
-        if name in VERIFIERS and VERIFIERS[name] is not fn:
-            raise ValueError(f"verifier {name!r} is already registered")
-        VERIFIERS[name] = fn
-        return fn
-    return deco
-
-
-def get_verifier(name: str) -> Verifier:
-    if name not in VERIFIERS:
-        raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(sorted(VERIFIERS))}")
-    return VERIFIERS[name]
-
-
-def _question(row: dict[str, Any]) -> str | None:
-    for k in ("question", "problem", "prompt"):
-        if isinstance(row.get(k), str):
-            return row[k]
-    return None
-
-
-@register_verifier("math")
-def verify_math(response: str, reference: Any, row: dict[str, Any]) -> Outcome:
-    """The committed final answer (`committed_answer`: hedges and unrelated multiple answers
-    rejected) against the reference (`math_equivalent`, unordered when the row's question asks
-    for all solutions)."""
-    ans, problem = committed_answer(response)
-    if ans is None:
-        return Outcome(False, 0.0, problem, None)
-    ok = math_equivalent(ans, None if reference is None else str(reference),
-                         unordered=asks_for_all_solutions(_question(row or {})))
-    return Outcome(ok, 1.0 if ok else 0.0, "" if ok else f"answer {ans!r} != reference {reference!r}", ans)
-
-
-@register_verifier("mcq")
-def verify_mcq(response: str, reference: Any, row: dict[str, Any]) -> Outcome:
-    letter = extract_choice_letter(response)
-    ref = str(reference).strip().strip("()").upper() if reference is not None else None
-    if letter is None:
-        return Outcome(False, 0.0, "no choice letter found", None)
-    ok = letter == ref
-    return Outcome(ok, 1.0 if ok else 0.0, "" if ok else f"chose {letter}, key is {ref}", letter)
-
-
-@register_verifier("exact")
-def verify_exact(response: str, reference: Any, row: dict[str, Any]) -> Outcome:
-    ans = extract_final_answer(response) or response
-    ok = reference is not None and normalize_answer(ans) == normalize_answer(str(reference))
-    return Outcome(ok, 1.0 if ok else 0.0, "" if ok else f"{ans!r} != {reference!r}", ans)
-
-
-ANSWER_EXTRACTORS: dict[str, Callable[[str], str | None]] = {
-    "math": extract_final_answer, "mcq": extract_choice_letter, "exact": extract_final_answer}
-ANSWER_KEYS: dict[str, Callable[[str | None], str | None]] = {
-    "math": canonical_math_key,
-    "mcq": lambda a: a.upper() if a else None,
-    "exact": lambda a: normalize_answer(a) if a else None,
-}
