@@ -34,22 +34,22 @@ driver's heap overflowed building it on 8,000 man pages).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common import atomic
-from common import storage
 from common.component import Component, ComponentManifest
 from common.document import spark_col
 from common.log import get_logger
-from common.manifest import Stopwatch, find_complete
+from common.manifest import Stopwatch
 from kaiyuan import exact as ex
 from kaiyuan import minhash as mh
 from kaiyuan.config import RunConfig
 from kaiyuan.spark import components_io as cio
+from kaiyuan.spark.component_job import ComponentJob
 from kaiyuan.spark.connected import materialize, star_components
 
 log = get_logger("kaiyuan.dedup")
@@ -205,128 +205,207 @@ def dedup_units(cfg: RunConfig, components: dict[str, Component]) -> list[list[s
 
 
 def run_dedup(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[str, ComponentManifest]:
-    stage = cfg.stage_dir("dedup")
+    job = ComponentJob(JOB, cfg.stage_dir("dedup"))
     components = cio.require_components(cfg.dedup_input_dir(), only)
     config = job_config(cfg)
     results: dict[str, ComponentManifest] = {}
     todo: list[str] = []
     for unit in dedup_units(cfg, components):
         inputs = [cio.component_fingerprint(components[n]) for n in unit]
-        found = {n: find_complete(stage / n, ComponentManifest, config, inputs) for n in unit}
+        found = {n: job.complete(n, config, inputs) for n in unit}
         if all(found.values()):
-            for n, m in found.items():
-                log.info("dedup %s: complete (%d -> %d docs), skipped", n, m.counts.get("docs_in", 0), m.n_docs)
-                results[n] = m
+            results.update(found)
         else:
             todo.extend(unit)
     if todo:
-        atomic.clean_stale_tmp(stage)
-        results.update(_dedup(spark, cfg, {n: components[n] for n in todo}, config))
+        job.clean_stale()
+        results.update(_dedup(spark, cfg, job, {n: components[n] for n in todo}, config))
     return results
 
 
-def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict[str, Any]) -> dict[str, ComponentManifest]:
-    from pyspark.sql import Window
+@dataclass
+class DedupPass:
+    """What the steps of one dedup pass share: the settings, whether checkpoints are reliable, the
+    scope columns, the step timings and the counts that go into every manifest of the pass."""
+
+    cfg: RunConfig
+    reliable: bool
+    scope: list[str]
+    sw: Stopwatch = field(default_factory=Stopwatch)
+    counts: dict[str, int] = field(default_factory=dict)     # candidate pairs and documents, verified pairs
+    rounds: int = 0                                          # of the connected components
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "DedupPass":
+        return cls(cfg, bool(cfg.spark.checkpoint_dir), ["source"] if cfg.dedup.scope == "source" else [])
+
+
+def _dedup(spark, cfg: RunConfig, job: ComponentJob, components: dict[str, Component],
+           config: dict[str, Any]) -> dict[str, ComponentManifest]:
+    """The numbered steps of the module docstring, one function each."""
+    d, run = cfg.dedup, DedupPass.of(cfg)
+    bands, rows, _ = d.lsh()
+    log.info("dedup %s: exact=%s near=%s scope=%s, %d-gram %s shingles, %d bands x %d rows for J >= %.2f, verify=%s",
+             ",".join(sorted(components)), d.exact, d.near, d.scope, d.minhash.n_grams, d.minhash.shingles, bands, rows,
+             d.threshold, f"exact J >= {d.verify_threshold:.2f}" if d.verify.enabled else "off")
+    if not (d.exact or d.near):
+        raise ValueError("dedup.exact and dedup.near are both false: nothing to do")
+    docs = documents(spark, cfg, components)
+    keyed = signatures(docs, run)
+    near = near_edges(docs, keyed, run) if d.near else None
+    labels = clusters(keyed, near, run)
+    assigned, stats = representatives(keyed, labels, near, run)
+    return write_components(spark, job, components, assigned, stats, config, run)
+
+
+# ---- 1. signatures --------------------------------------------------------------------------
+
+def documents(spark, cfg: RunConfig, components: dict[str, Component]):
+    """The documents of every component in the pass: source, id, text, the representative's score
+    (`_score`, null unless `representative.by: score`) and the documents each stands for (`_weight`)."""
     from pyspark.sql import functions as F
 
-    d = cfg.dedup
-    bands, rows, num_perm = d.lsh()
-    threshold = d.verify_threshold
-    stage = cfg.stage_dir("dedup")
-    reliable = bool(cfg.spark.checkpoint_dir)
-    sw = Stopwatch()
-    scope = ["source"] if d.scope == "source" else []
-    rep = d.representative
-    names = sorted(components)
-    log.info("dedup %s: exact=%s near=%s scope=%s, %d-gram %s shingles, %d bands x %d rows for J >= %.2f, verify=%s",
-             ",".join(names), d.exact, d.near, d.scope, d.minhash.n_grams, d.minhash.shingles, bands, rows,
-             d.threshold, f"exact J >= {threshold:.2f}" if d.verify.enabled else "off")
-
-    # ---- 1. signatures ------------------------------------------------------------------------
+    rep = cfg.dedup.representative
     frames = []
-    for n in names:
+    for n in sorted(components):
         c = components[n]
-        df = cio.read_component(spark, c)
         if rep.by == "score":
             c.require_column(rep.column, "dedup.representative.column")
-        cols = [F.col("source"), F.col("id"), F.col("text"),
-                (F.col(spark_col(rep.column)).cast("double") if rep.by == "score" else F.lit(None).cast("double")).alias("_score"),
-                (F.col("dup_count").cast("long") if "dup_count" in c.columns else F.lit(1).cast("long")).alias("_weight")]
-        frames.append(df.select(*cols))
+        score = F.col(spark_col(rep.column)).cast("double") if rep.by == "score" else F.lit(None).cast("double")
+        weight = F.col("dup_count").cast("long") if "dup_count" in c.columns else F.lit(1).cast("long")
+        frames.append(cio.read_component(spark, c).select(F.col("source"), F.col("id"), F.col("text"),
+                                                          score.alias("_score"), weight.alias("_weight")))
     docs = frames[0]
     for f in frames[1:]:
         docs = docs.unionByName(f)
+    return docs
+
+
+def signatures(docs, run: DedupPass):
+    """Steps 1-2: each document's exact key, band keys and shingle count (`signature_fn`), its node
+    ("<source>\\x1f<id>") and `_exact_root`, the smallest node with the same normalized text (the node
+    itself without exact dedup); checkpointed."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    d = run.cfg.dedup
+    bands, rows, num_perm = d.lsh()
     schema = "source string, id string, _score double, _weight bigint, exact_key binary, bands array<bigint>, n_sh bigint"
     keyed = docs.mapInArrow(signature_fn(d.minhash.n_grams, d.minhash.shingles, bands, rows, num_perm, d.minhash.seed,
                                          d.exact, d.near), schema).withColumn("node", F.concat_ws(NODE_SEP, "source", "id"))
-    # 2. the smallest node with the same normalized text (the node itself without exact dedup)
-    exact_root = F.min("node").over(Window.partitionBy(*scope, "exact_key")) if d.exact else F.col("node")
-    with sw("signatures"):
-        keyed = materialize(keyed.withColumn("_exact_root", exact_root), reliable)
+    exact_root = F.min("node").over(Window.partitionBy(*run.scope, "exact_key")) if d.exact else F.col("node")
+    with run.sw("signatures"):
+        keyed = materialize(keyed.withColumn("_exact_root", exact_root), run.reliable)
         n_docs = keyed.count()
-    log.info("dedup: signatures of %d documents in %.1fs", n_docs, sw.timings_s["signatures"])
+    log.info("dedup: signatures of %d documents in %.1fs", n_docs, run.sw.timings_s["signatures"])
+    return keyed
 
-    # ---- 2.-4. edges --------------------------------------------------------------------------
-    edges = keyed.where(F.col("node") != F.col("_exact_root")).select(F.col("node").alias("src"), F.col("_exact_root").alias("dst"))
-    near = None
-    pair_counts: dict[str, int] = {}
-    if d.near:
-        lsh_docs = keyed.where(F.col("bands").isNotNull() & (F.col("node") == F.col("_exact_root"))).select(*scope, "node", "bands", "n_sh")
-        if d.verify.enabled:
-            pairs, sized = bucket_pairs(lsh_docs, scope, d.verify.all_pairs_max, d.verify.window, threshold)
-            with sw("candidates"):
-                pairs = materialize(pairs, reliable)
-                pair_counts["candidate_pairs"] = pairs.count()
-            sized.unpersist()
-            ends = pairs.select(F.col("src").alias("node")).unionByName(pairs.select(F.col("dst").alias("node"))).distinct()
-            texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
-            sets = texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
-            with sw("verify_sets"):
-                sets = materialize(sets, reliable)                      # read by both joins
-                pair_counts["candidate_docs"] = sets.count()
-            joined = (pairs.join(sets.select(F.col("node").alias("src"), F.col("sh").alias("sh_a")), "src")
-                      .join(sets.select(F.col("node").alias("dst"), F.col("sh").alias("sh_b")), "dst")
-                      .select("src", "dst", "sh_a", "sh_b"))
-            near = joined.mapInArrow(verify_fn(threshold), "src string, dst string, jaccard double")
-            with sw("verify"):
-                near = materialize(near, reliable)
-                pair_counts["verified_pairs"] = near.count()
-            log.info("dedup: %d candidate pairs of %d documents, %d with exact Jaccard >= %.2f "
-                     "(candidates %.1fs, shingle sets %.1fs, verification %.1fs)",
-                     pair_counts["candidate_pairs"], pair_counts["candidate_docs"], pair_counts["verified_pairs"],
-                     threshold, sw.timings_s["candidates"], sw.timings_s["verify_sets"], sw.timings_s["verify"])
-        else:
-            near = star_pairs(lsh_docs, scope).withColumn("jaccard", F.lit(None).cast("double"))
-            with sw("candidates"):
-                near = materialize(near, reliable)
-                pair_counts["candidate_pairs"] = near.count()
+
+# ---- 3.-4. candidate pairs and verified edges ---------------------------------------------------
+
+def near_edges(docs, keyed, run: DedupPass):
+    """Near-duplicate edges (src, dst, jaccard) among the exact groups' roots that have tokens:
+    verified candidate pairs, or with `verify.enabled: false` unverified star edges (jaccard null)."""
+    from pyspark.sql import functions as F
+
+    lsh_docs = (keyed.where(F.col("bands").isNotNull() & (F.col("node") == F.col("_exact_root")))
+                .select(*run.scope, "node", "bands", "n_sh"))
+    if not run.cfg.dedup.verify.enabled:
+        near = star_pairs(lsh_docs, run.scope).withColumn("jaccard", F.lit(None).cast("double"))
+        with run.sw("candidates"):
+            near = materialize(near, run.reliable)
+            run.counts["candidate_pairs"] = near.count()
+        return near
+    return verified_edges(docs, candidate_pairs(lsh_docs, run), run)
+
+
+def candidate_pairs(lsh_docs, run: DedupPass):
+    """Step 3: the distinct candidate pairs of the LSH buckets (`bucket_pairs`); checkpointed."""
+    v = run.cfg.dedup.verify
+    pairs, sized = bucket_pairs(lsh_docs, run.scope, v.all_pairs_max, v.window, run.cfg.dedup.verify_threshold)
+    with run.sw("candidates"):
+        pairs = materialize(pairs, run.reliable)
+        run.counts["candidate_pairs"] = pairs.count()
+    sized.unpersist()
+    return pairs
+
+
+def verified_edges(docs, pairs, run: DedupPass):
+    """Step 4: the candidate pairs whose exact Jaccard of shingle sets reaches the threshold; the sets
+    are computed for the documents in candidate pairs only."""
+    from pyspark.sql import functions as F
+
+    d, threshold = run.cfg.dedup, run.cfg.dedup.verify_threshold
+    ends = pairs.select(F.col("src").alias("node")).unionByName(pairs.select(F.col("dst").alias("node"))).distinct()
+    texts = docs.select(F.concat_ws(NODE_SEP, "source", "id").alias("node"), "text").join(ends, "node", "left_semi")
+    sets = texts.mapInArrow(shingle_set_fn(d.minhash.n_grams, d.minhash.shingles), "node string, sh array<bigint>")
+    with run.sw("verify_sets"):
+        sets = materialize(sets, run.reliable)                      # read by both joins
+        run.counts["candidate_docs"] = sets.count()
+    joined = (pairs.join(sets.select(F.col("node").alias("src"), F.col("sh").alias("sh_a")), "src")
+              .join(sets.select(F.col("node").alias("dst"), F.col("sh").alias("sh_b")), "dst")
+              .select("src", "dst", "sh_a", "sh_b"))
+    near = joined.mapInArrow(verify_fn(threshold), "src string, dst string, jaccard double")
+    with run.sw("verify"):
+        near = materialize(near, run.reliable)
+        run.counts["verified_pairs"] = near.count()
+    t, c = run.sw.timings_s, run.counts
+    log.info("dedup: %d candidate pairs of %d documents, %d with exact Jaccard >= %.2f "
+             "(candidates %.1fs, shingle sets %.1fs, verification %.1fs)", c["candidate_pairs"], c["candidate_docs"],
+             c["verified_pairs"], threshold, t["candidates"], t["verify_sets"], t["verify"])
+    return near
+
+
+# ---- 5. clusters ---------------------------------------------------------------------------------
+
+def clusters(keyed, near, run: DedupPass):
+    """Step 5: each node's cluster root (node, root), over the exact edges (a copy to its exact root)
+    and the near edges; the rounds it took go to `run.rounds`."""
+    from pyspark.sql import functions as F
+
+    edges = keyed.where(F.col("node") != F.col("_exact_root")).select(F.col("node").alias("src"),
+                                                                      F.col("_exact_root").alias("dst"))
+    if near is not None:
         edges = edges.unionByName(near.select("src", "dst"))
-    elif not d.exact:
-        raise ValueError("dedup.exact and dedup.near are both false: nothing to do")
-    with sw("clusters"):
-        labels, rounds = star_components(edges, d.max_cc_rounds, reliable_checkpoint=reliable)
-    log.info("dedup: connected components in %d rounds, %.1fs", rounds, sw.timings_s["clusters"])
+    with run.sw("clusters"):
+        labels, run.rounds = star_components(edges, run.cfg.dedup.max_cc_rounds, reliable_checkpoint=run.reliable)
+    log.info("dedup: connected components in %d rounds, %.1fs", run.rounds, run.sw.timings_s["clusters"])
+    return labels
 
-    # ---- 6. representatives -------------------------------------------------------------------
-    with sw("representatives"):
+
+# ---- 6. representatives --------------------------------------------------------------------------
+
+def _best_partners(near):
+    """Each node's verified neighbour of highest Jaccard (ties: the smaller node): node, _partner, jaccard."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    both = near.select(F.col("src").alias("node"), F.col("dst").alias("_partner"), "jaccard").unionByName(
+        near.select(F.col("dst").alias("node"), F.col("src").alias("_partner"), "jaccard"))
+    order = Window.partitionBy("node").orderBy(F.col("jaccard").desc_nulls_last(), F.col("_partner").asc())
+    return both.withColumn("_r", F.row_number().over(order)).where(F.col("_r") == 1).drop("_r")
+
+
+def representatives(keyed, labels, near, run: DedupPass):
+    """Step 6: (assigned, stats): every document with `keep`, and for the removed ones `kind`, `partner`
+    and `jaccard`; `dup_cluster` and `dup_count` of its cluster (checkpointed); and per source counts."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    with run.sw("representatives"):
         wc = Window.partitionBy("root")
         assigned = (keyed.select("source", "id", "node", "exact_key", "_exact_root", "_score", "_weight")
                     .join(labels, "node", "left")
                     .withColumn("root", F.coalesce("root", "node")))
         if near is not None:
-            # each node's verified neighbour of highest Jaccard (ties: the smaller node)
-            both = near.select(F.col("src").alias("node"), F.col("dst").alias("_partner"), "jaccard").unionByName(
-                near.select(F.col("dst").alias("node"), F.col("src").alias("_partner"), "jaccard"))
-            best = (both.withColumn("_r", F.row_number().over(Window.partitionBy("node").orderBy(
-                F.col("jaccard").desc_nulls_last(), F.col("_partner").asc()))).where(F.col("_r") == 1).drop("_r"))
-            assigned = assigned.join(best, "node", "left")
+            assigned = assigned.join(_best_partners(near), "node", "left")
         else:
             assigned = assigned.withColumn("_partner", F.lit(None).cast("string")).withColumn("jaccard", F.lit(None).cast("double"))
         keep = F.col("_rank") == 1
         same_text_as_rep = F.col("exact_key") == F.col("_rep_key")
         copy = F.col("node") != F.col("_exact_root")
         assigned = (assigned
-                    .withColumn("_rank", F.row_number().over(wc.orderBy(*_representative_order(cfg))))
+                    .withColumn("_rank", F.row_number().over(wc.orderBy(*_representative_order(run.cfg))))
                     .withColumn("keep", keep)
                     .withColumn("dup_count", F.sum("_weight").over(wc))
                     .withColumn("_size", F.count("*").over(wc))
@@ -341,7 +420,7 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
                                 .when(F.col("kind") == "exact", F.lit(1.0)).otherwise(F.col("jaccard")))
                     .withColumn("dup_cluster", F.regexp_replace("root", NODE_SEP, "/"))
                     .select("source", "id", "keep", "kind", "partner", "jaccard", "dup_cluster", "dup_count", "_size"))
-        assigned = materialize(assigned, reliable)         # the writes' plans read it, not its lineage
+        assigned = materialize(assigned, run.reliable)         # the writes' plans read it, not its lineage
         stats = {r["source"]: r.asDict() for r in assigned.groupBy("source").agg(
             F.count("*").alias("docs_in"),
             F.sum(F.col("keep").cast("long")).alias("docs_out"),
@@ -350,52 +429,48 @@ def _dedup(spark, cfg: RunConfig, components: dict[str, Component], config: dict
             F.sum((F.col("keep") & (F.col("_size") > 1)).cast("long")).alias("clusters"),
             F.max("_size").alias("largest_cluster"),
         ).collect()}
-    # ---- 7. write one component per source ----------------------------------------------------
+    return assigned, stats
+
+
+# ---- 7. write --------------------------------------------------------------------------------------
+
+def write_components(spark, job: ComponentJob, components: dict[str, Component], assigned, stats: dict[str, dict],
+                     config: dict[str, Any], run: DedupPass) -> dict[str, ComponentManifest]:
+    """Step 7: per source, the survivors (with `dup_cluster`, `dup_count`) as its component, and the
+    removed documents with the edge that removed them in `_removed/`."""
+    from pyspark.sql import functions as F
+
+    d, names = run.cfg.dedup, sorted(components)
     out: dict[str, ComponentManifest] = {}
     for n in names:
         c = components[n]
-        final_dir = stage / n
-        tmp = cio.new_tmp_dir(final_dir)
-        with sw(f"write.{n}"):
+        tmp = job.attempt(n)
+        s = stats.get(n, {})
+        with run.sw(f"write.{n}"):
             docs_n = cio.read_component(spark, c)
-            keep_cols = [spark_col(x) for x in docs_n.columns if x not in ("dup_cluster", "dup_count")]
+            kept_cols = [spark_col(x) for x in docs_n.columns if x not in ("dup_cluster", "dup_count")]
             mine = assigned.where(F.col("source") == n)
-            survivors = (docs_n.select(*keep_cols)
-                         .join(mine.where("keep").select("id", "dup_cluster", "dup_count"), "id", "inner"))
-            survivors = survivors.select(*[spark_col(x) for x in docs_n.columns if x not in ("dup_cluster", "dup_count")],
-                                         "dup_cluster", "dup_count")
-            n_files = cio.n_files_for(sum(f.n_bytes for f in c.manifest.files), d.target_file_mb)
-            cio.write_sorted_parquet(survivors, tmp, n_files, row_group_rows=cio.row_group_rows_for(
-                sum(f.n_bytes for f in c.manifest.files) * 3, c.manifest.n_docs))
-            removed = mine.where(~F.col("keep")).select("id", "dup_cluster", "kind", "partner", "jaccard")
-            s = stats.get(n, {})
+            survivors = (docs_n.select(*kept_cols)
+                         .join(mine.where("keep").select("id", "dup_cluster", "dup_count"), "id", "inner")
+                         .select(*kept_cols, "dup_cluster", "dup_count"))
+            n_bytes = sum(f.n_bytes for f in c.manifest.files)
+            n_files = cio.n_files_for(n_bytes, d.target_file_mb)
+            cio.write_sorted_parquet(survivors, tmp, n_files,
+                                     row_group_rows=cio.row_group_rows_for(n_bytes * 3, c.manifest.n_docs))
             outputs = []
             if s.get("docs_in", 0) - s.get("docs_out", 0) > 0:
+                removed = mine.where(~F.col("keep")).select("id", "dup_cluster", "kind", "partner", "jaccard")
                 cio.write_sorted_parquet(removed, tmp / "_removed", max(1, n_files // 8))
                 outputs.append("_removed")
         counts = {k: int(s.get(k) or 0) for k in ("docs_in", "docs_out", "removed_exact", "removed_near", "clusters",
                                                   "largest_cluster")}
-        counts["cc_rounds"] = rounds
-        counts.update(pair_counts)
-        manifest = cio.finalize(tmp, final_dir, {
-            "schema": ComponentManifest.SCHEMA, "job": JOB, "name": n, "config": config,
-            "inputs": [cio.component_fingerprint(components[x]) for x in (names if d.scope == "global" else [n])],
-            "counts": counts, "timings_s": sw.timings_s, "outputs": outputs,
-            "n_tokens": None, "tokenizer": None,
-            "license": c.manifest.license, "source_identifier": c.manifest.source_identifier,
-            "source_revision": c.manifest.source_revision,
-            "lineage": c.manifest.lineage + [_lineage_entry(c)],
-        })
-        if manifest.n_docs != counts["docs_out"]:
-            raise RuntimeError(f"dedup {n}: wrote {manifest.n_docs} documents, expected {counts['docs_out']}")
+        counts["cc_rounds"] = run.rounds
+        counts.update(run.counts)
+        inputs = [cio.component_fingerprint(components[x]) for x in (names if d.scope == "global" else [n])]
+        out[n] = job.commit(tmp, n, config=config, inputs=inputs, origin=c, counts=counts,
+                            timings_s=run.sw.timings_s, outputs=outputs, expect_docs=counts["docs_out"],
+                            n_tokens=None, tokenizer=None)
         log.info("dedup %s: %d -> %d documents (%d exact, %d near duplicates; %d clusters, largest %d)", n,
                  counts["docs_in"], counts["docs_out"], counts["removed_exact"], counts["removed_near"],
                  counts["clusters"], counts["largest_cluster"])
-        out[n] = manifest
     return out
-
-
-def _lineage_entry(c: Component) -> dict[str, Any]:
-    m = c.manifest
-    return {"job": m.job, "config_hash": m.config_hash, "code_version": m.code_version,
-            "manifest": storage.join(c.directory, "manifest.json"), "n_docs": m.n_docs}

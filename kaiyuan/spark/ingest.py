@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from common import atomic
 from common.component import ComponentManifest
 from common.log import get_logger
-from common.manifest import Stopwatch, find_complete, fingerprints
+from common.manifest import Stopwatch, fingerprints
 from kaiyuan import readers
 from kaiyuan.config import RunConfig, SourceConfig
 from kaiyuan.spark import components_io as cio
+from kaiyuan.spark.component_job import ComponentJob
 
 log = get_logger("kaiyuan.ingest")
 
@@ -67,72 +67,31 @@ def _one_task_per_split(spark, n: int):
 
 
 def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) -> ComponentManifest:
-    from pyspark import StorageLevel
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    stage = cfg.stage_dir("ingest")
-    final_dir = stage / source.name
+    """One source as a component: discover its files (skipped when a complete component has the same
+    config and file fingerprints), plan and number its splits, read them once, write the documents
+    (the first record of each id) and the quarantine, commit."""
+    job = ComponentJob(JOB, cfg.stage_dir("ingest"))
     sw = Stopwatch()
     with sw("discover"):
         files = readers.discover_files(source.paths, source.format, source.hf_split, source.hf_config)
         inputs = fingerprints([f.path for f in files], content=cfg.ingest.fingerprint == "content")
     config = job_config(source, cfg)
-    done = find_complete(final_dir, ComponentManifest, config, inputs)
+    done = job.complete(source.name, config, inputs)
     if done is not None:
-        log.info("ingest %s: complete (%d docs), skipped", source.name, done.n_docs)
         return done
-    atomic.clean_stale_tmp(stage)
+    job.clean_stale()
+    total_bytes = sum(f.size for f in files)
     splits = readers.plan_splits(source.name, files, cfg.ingest.split_bytes)
-    log.info("ingest %s: %d files, %.1f MB, %d splits", source.name, len(files), sum(f.size for f in files) / 1e6, len(splits))
+    log.info("ingest %s: %d files, %.1f MB, %d splits", source.name, len(files), total_bytes / 1e6, len(splits))
     with sw("number_lines"):
-        ranged = [s for s in splits if s.format == "jsonl" and s.compression is None and s.end >= 0]
-        if ranged:
-            counts = (_one_task_per_split(spark, len(ranged))
-                      .mapInArrow(_count_newlines_fn(ranged), "idx bigint, n bigint").collect())
-            splits = readers.number_lines(
-                splits, {(ranged[r["idx"]].path, ranged[r["idx"]].start): r["n"] for r in counts})
-    opts = readers.ReadOptions(text_field=source.text_field, id_field=source.id_field,
-                               max_text_bytes=cfg.ingest.max_text_bytes, raw_prefix_chars=cfg.ingest.raw_prefix_chars)
-    n_files = cio.n_files_for(sum(f.size for f in files), cfg.ingest.target_file_mb)
-    tmp = cio.new_tmp_dir(final_dir)
+        splits = number_splits(spark, splits)
+    tmp = job.attempt(source.name)
     with sw("read"):
-        records = _one_task_per_split(spark, len(splits)).mapInArrow(_read_splits_fn(splits, opts),
-                                                                       readers.INGEST_SPARK_SCHEMA)
-        # read once; the documents and the quarantine are written from this copy (serialized on
-        # local disk: a split of raw text can be far larger than an executor's heap)
-        records = records.persist(StorageLevel.DISK_ONLY)
-        tally = {r["reason"]: (r["n"], r["lines"]) for r in
-                 records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
+        records, tally = read_records(spark, splits, source, cfg)
     counted = {k[len(COUNTER):]: int(tally.pop(k)[1] or 0) for k in sorted(tally, key=str)
                if k is not None and k.startswith(COUNTER)}
-    total_bytes = sum(f.size for f in files)
-    n_records = sum(int(v[0]) for v in tally.values())
     with sw("write"):
-        docs = records.where(F.col("reason").isNull())
-        w = Window.partitionBy("id").orderBy("origin_file", "origin_line")
-        ranked = (docs.repartition(n_files, "id")
-                  .withColumn("_rank", F.row_number().over(w))
-                  .withColumn("_first", F.first(F.concat_ws(":", "origin_file", F.col("origin_line").cast("string"))).over(w)))
-        good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta")
-        n_written = cio.write_sorted_parquet(good, tmp, n_files, already_partitioned=True,
-                                             row_group_rows=cio.row_group_rows_for(total_bytes, max(1, n_records)))
-        n_dup = int(tally.get(None, (0, 0))[0]) - n_written      # later occurrences of a repeated id
-        reasons = {k: int(v[0]) for k, v in tally.items() if k is not None}
-        if n_dup:
-            reasons["duplicate_id"] = n_dup
-        outputs = []
-        if reasons:
-            bad = records.where(F.col("reason").isNotNull() & ~F.col("reason").startswith(COUNTER)).drop("id", "text", "meta")
-            if n_dup:            # only then is the ranking computed a second time
-                bad = bad.unionByName(ranked.where(F.col("_rank") > 1).select(
-                    "source", "origin_file", "origin_line", F.lit("duplicate_id").alias("reason"),
-                    F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
-                    F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
-            cio.write_sorted_parquet(bad, tmp / "_quarantine", max(1, n_files // 4),
-                                     sort_cols=("origin_file", "origin_line"))
-            outputs.append("_quarantine")
-    n_docs = n_written
+        n_docs, reasons = write_documents(records, tally, tmp, total_bytes, cfg)
     counts = {
         "records": n_docs + sum(reasons.values()),
         "documents": n_docs,
@@ -144,17 +103,71 @@ def ingest_source(spark, source: SourceConfig, cfg: RunConfig, progress=None) ->
         "splits": len(splits),
     }
     records.unpersist()
-    manifest = cio.finalize(tmp, final_dir, {
-        "schema": ComponentManifest.SCHEMA, "job": JOB, "name": source.name, "config": config,
-        "inputs": inputs, "counts": counts, "timings_s": sw.timings_s, "outputs": outputs,
-        "license": source.license, "source_identifier": source.source_identifier,
-        "source_revision": source.source_revision,
-    })
-    if manifest.n_docs != counts["documents"]:
-        raise RuntimeError(f"ingest {source.name}: wrote {manifest.n_docs} documents, counted {counts['documents']}")
+    manifest = job.commit(tmp, source.name, config=config, inputs=inputs, origin=source, counts=counts,
+                          timings_s=sw.timings_s, outputs=["_quarantine"] if reasons else [],
+                          expect_docs=counts["documents"])
     log.info("ingest %s: %d documents, %d quarantined %s, in %.1fs", source.name, manifest.n_docs,
              counts["quarantined"], counts["quarantine_reasons"] or "", sum(sw.timings_s.values()))
     return manifest
+
+
+def number_splits(spark, splits: list[readers.Split]) -> list[readers.Split]:
+    """The splits with their first line numbers: the byte ranges of uncompressed jsonl files are
+    counted on the executors (`readers.count_newlines`)."""
+    ranged = [s for s in splits if s.format == "jsonl" and s.compression is None and s.end >= 0]
+    if not ranged:
+        return splits
+    counts = (_one_task_per_split(spark, len(ranged))
+              .mapInArrow(_count_newlines_fn(ranged), "idx bigint, n bigint").collect())
+    return readers.number_lines(splits, {(ranged[r["idx"]].path, ranged[r["idx"]].start): r["n"] for r in counts})
+
+
+def read_records(spark, splits: list[readers.Split], source: SourceConfig, cfg: RunConfig):
+    """(records, tally): every split read once on the executors (`readers.read_split`), kept on local
+    disk (a split of raw text can be far larger than an executor's heap) for the two writes; and the
+    records per reason (None: a document; `_`-prefixed: per-split counters) as (rows, sum of lines)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    opts = readers.ReadOptions(text_field=source.text_field, id_field=source.id_field,
+                               max_text_bytes=cfg.ingest.max_text_bytes, raw_prefix_chars=cfg.ingest.raw_prefix_chars)
+    records = _one_task_per_split(spark, len(splits)).mapInArrow(_read_splits_fn(splits, opts),
+                                                                   readers.INGEST_SPARK_SCHEMA)
+    records = records.persist(StorageLevel.DISK_ONLY)
+    tally = {r["reason"]: (r["n"], r["lines"]) for r in
+             records.groupBy("reason").agg(F.count("*").alias("n"), F.sum("origin_line").alias("lines")).collect()}
+    return records, tally
+
+
+def write_documents(records, tally: dict, tmp, total_bytes: int, cfg: RunConfig) -> tuple[int, dict[str, int]]:
+    """(documents written, quarantined records per reason): the first record of each id (by origin)
+    as the component's documents; the records with a reason, and the later records of a repeated id
+    (`duplicate_id`, naming where it was first seen), in `_quarantine/`."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    n_files = cio.n_files_for(total_bytes, cfg.ingest.target_file_mb)
+    n_records = sum(int(v[0]) for v in tally.values())
+    w = Window.partitionBy("id").orderBy("origin_file", "origin_line")
+    ranked = (records.where(F.col("reason").isNull()).repartition(n_files, "id")
+              .withColumn("_rank", F.row_number().over(w))
+              .withColumn("_first", F.first(F.concat_ws(":", "origin_file", F.col("origin_line").cast("string"))).over(w)))
+    good = ranked.where(F.col("_rank") == 1).select("id", "text", "source", "meta")
+    n_written = cio.write_sorted_parquet(good, tmp, n_files, already_partitioned=True,
+                                         row_group_rows=cio.row_group_rows_for(total_bytes, max(1, n_records)))
+    n_dup = int(tally.get(None, (0, 0))[0]) - n_written      # later occurrences of a repeated id
+    reasons = {k: int(v[0]) for k, v in tally.items() if k is not None}
+    if n_dup:
+        reasons["duplicate_id"] = n_dup
+    if reasons:
+        bad = records.where(F.col("reason").isNotNull() & ~F.col("reason").startswith(COUNTER)).drop("id", "text", "meta")
+        if n_dup:            # only then is the ranking computed a second time
+            bad = bad.unionByName(ranked.where(F.col("_rank") > 1).select(
+                "source", "origin_file", "origin_line", F.lit("duplicate_id").alias("reason"),
+                F.concat(F.lit("id "), F.col("id"), F.lit(" first seen at "), F.col("_first")).alias("detail"),
+                F.substring("text", 1, cfg.ingest.raw_prefix_chars).alias("raw_prefix")))
+        cio.write_sorted_parquet(bad, tmp / "_quarantine", max(1, n_files // 4), sort_cols=("origin_file", "origin_line"))
+    return n_written, reasons
 
 
 def run_ingest(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[str, ComponentManifest]:

@@ -21,11 +21,11 @@ from common.component import Component, ComponentManifest
 from common.document import FILTER_PREFIX, QUALITY_PREFIX, REASON_SUFFIX, spark_col
 from common.hashing import sha256_bytes
 from common.log import get_logger
-from common.manifest import Stopwatch, find_complete, fingerprints
+from common.manifest import Stopwatch, fingerprints
 from kaiyuan import annotators as ann
 from kaiyuan.config import RunConfig
 from kaiyuan.spark import components_io as cio
-from kaiyuan.spark.dedup import _lineage_entry
+from kaiyuan.spark.component_job import ComponentJob
 
 log = get_logger("kaiyuan.score")
 
@@ -152,22 +152,20 @@ def _stats(spark, tmp: Path, fields: list[str], top_reasons: int = 8) -> dict[st
 
 
 def score_component(spark, name: str, c: Component, cfg: RunConfig, annotators: list[ann.Annotator]) -> ComponentManifest:
-    stage = cfg.stage_dir("score")
-    final_dir = stage / name
+    job = ComponentJob(JOB, cfg.stage_dir("score"))
     model_files = sorted({f for a in annotators for f in a.files()})
     inputs = [cio.component_fingerprint(c)]
     for f in model_files:
         inputs += fingerprints([f], content=os.path.getsize(f) < BIG_FILE_BYTES)
     config = job_config(name, cfg, annotators)
-    done = find_complete(final_dir, ComponentManifest, config, inputs)
+    done = job.complete(name, config, inputs)
     if done is not None:
-        log.info("score %s: complete (%d docs), skipped", name, done.n_docs)
         return done
     sw = Stopwatch()
     fields = [f for a in annotators for f in a.output_fields()]
     out_names = [f.name for f in fields]
-    staging = storage.local_scratch(stage) / f"{atomic.TMP_PREFIX}files"
-    tmp = cio.new_tmp_dir(final_dir)
+    staging = storage.local_scratch(job.stage) / f"{atomic.TMP_PREFIX}files"
+    tmp = job.attempt(name)
     try:
         with sw("annotate"):
             shipped = ship_files(spark, annotators, staging)
@@ -192,14 +190,9 @@ def score_component(spark, name: str, c: Component, cfg: RunConfig, annotators: 
         raise
     counts = {"docs": stats.pop("docs"), **stats}
     tokenizers = [a.config for a in annotators if a.type_name == "token_count"]
-    manifest = cio.finalize(tmp, final_dir, {
-        "schema": ComponentManifest.SCHEMA, "job": JOB, "name": name, "config": config, "inputs": inputs,
-        "counts": counts, "timings_s": sw.timings_s, "outputs": [],
-        "n_tokens": counts.get("n_tokens"), "tokenizer": tokenizers[0].tokenizer if tokenizers else None,
-        "license": c.manifest.license, "source_identifier": c.manifest.source_identifier,
-        "source_revision": c.manifest.source_revision,
-        "lineage": c.manifest.lineage + [_lineage_entry(c)],
-    })
+    manifest = job.commit(tmp, name, config=config, inputs=inputs, origin=c, counts=counts,
+                          timings_s=sw.timings_s, outputs=[], n_tokens=counts.get("n_tokens"),
+                          tokenizer=tokenizers[0].tokenizer if tokenizers else None)
     for f, s in counts["filters"].items():
         log.info("score %s: filter %-18s pass %5.1f%%  %s", name, f, 100 * (s["pass_rate"] or 0), s["top_reasons"])
     for f, s in counts["scores"].items():
@@ -217,7 +210,7 @@ def run_score(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[s
     if not any(a.config.type == "datatrove" and a.config.filter == "c4_badwords" for a in built):
         log.info("score: C4 bad-words filter not configured (datatrove downloads its list at run time; "
                  "add {type: datatrove, filter: c4_badwords, words_file: <local list>} to use it)")
-    atomic.clean_stale_tmp(cfg.stage_dir("score"))
+    ComponentJob(JOB, cfg.stage_dir("score")).clean_stale()
     results = {}
     for i, (name, c) in enumerate(sorted(components.items()), 1):
         mine = [a for a in built if a.applies_to(name)]
