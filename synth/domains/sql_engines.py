@@ -128,6 +128,28 @@ def single_statement(sql: str, dialect: str) -> str:
     return statements[0]
 
 
+SCHEMA_STATEMENTS = ("CREATE", "ALTER", "COMMENT")      # what a sample's schema holds (parse_schema_answer keeps these)
+ROWS_STATEMENTS = ("INSERT",)
+
+
+def sample_script(ddl: str, rows_sql: str, dialect: str) -> list[str]:
+    """The statements of a sample's schema then rows; `StatementRefused` for one of another kind
+    (a SET, SELECT, COPY or DO among the rows runs nothing the sample needs)."""
+    out = []
+    for part, script, allowed in (("schema", ddl, SCHEMA_STATEMENTS), ("rows", rows_sql, ROWS_STATEMENTS)):
+        try:
+            statements = split_sql(script, dialect)
+        except SqlglotError as e:
+            raise StatementRefused(f"the {part} do not tokenize: {e}") from None
+        for st in statements:
+            first = st.split(None, 1)[0].upper().strip("(")
+            if first not in allowed:
+                raise StatementRefused(f"{first} statements are not run in a sample's {part} (only {', '.join(allowed)}): "
+                                       f"{' '.join(st.split())[:80]!r}")
+        out += statements
+    return out
+
+
 def is_ordered(query: str, dialect: str) -> bool:
     """The query orders its result (a top-level ORDER BY), so row order is part of its answer."""
     try:
@@ -300,6 +322,7 @@ def execute_on_postgres(query: str, ddl: str, rows_sql: str, dsn: str, *, min_ro
     them (default: a random `synth_<hex>`)."""
     try:
         query = single_statement(query, "postgres")
+        script = sample_script(ddl, rows_sql, "postgres")
     except StatementRefused as e:
         return ExecutionResult("refused", "postgres", error=str(e))
     name, password = scratch or scratch_name(), secrets.token_hex(16)
@@ -315,7 +338,7 @@ def execute_on_postgres(query: str, ddl: str, rows_sql: str, dsn: str, *, min_ro
                 return ExecutionResult("unsupported", "postgres", error=f"the DSN's role cannot create a scratch role and "
                                        f"database (it needs LOGIN CREATEDB CREATEROLE): {_short(e)}")
             sample_dsn = pg_conninfo.make_conninfo(dsn, dbname=name, user=name, password=password)
-            result = _run_postgres(query, ddl, rows_sql, sample_dsn, admin, min_rows, (load_timeout_s, timeout_s),
+            result = _run_postgres(query, script, sample_dsn, admin, min_rows, (load_timeout_s, timeout_s),
                                    RowBudget(max_rows, max_bytes), preview_rows)
             result.server = _pg_server(admin)
             return result
@@ -327,7 +350,7 @@ def execute_on_postgres(query: str, ddl: str, rows_sql: str, dsn: str, *, min_ro
         admin.close()
 
 
-def _run_postgres(query: str, ddl: str, rows_sql: str, dsn: str, admin: psycopg.Connection, min_rows: int,
+def _run_postgres(query: str, script: list[str], dsn: str, admin: psycopg.Connection, min_rows: int,
                   limits_s: tuple[float, float], budget: RowBudget, preview_rows: int) -> ExecutionResult:
     load_s, timeout_s = limits_s
     with psycopg.connect(dsn, connect_timeout=10) as conn:
@@ -341,7 +364,7 @@ def _run_postgres(query: str, ddl: str, rows_sql: str, dsn: str, admin: psycopg.
         try:
             with load, conn.cursor() as cur:
                 cur.execute(f"SET statement_timeout = {int(load.seconds * 1000)}".encode())
-                for st in split_sql(ddl, "postgres") + split_sql(rows_sql, "postgres"):
+                for st in script:
                     cur.execute(st.encode())
             conn.commit()
         except psycopg.Error as e:
@@ -438,6 +461,7 @@ def execute_on_mysql(query: str, ddl: str, rows_sql: str, dsn: str, *, min_rows:
     8's sql_mode and a `Deadline`, then drop the database and the user, whatever happened."""
     try:
         query = single_statement(query, "mysql")
+        script = sample_script(ddl, rows_sql, "mysql")
         params = mysql_params(dsn)
     except (StatementRefused, ValueError) as e:
         return ExecutionResult("refused", "mysql", error=str(e))
@@ -455,7 +479,7 @@ def execute_on_mysql(query: str, ddl: str, rows_sql: str, dsn: str, *, min_rows:
                 return ExecutionResult("unsupported", "mysql", error=f"the DSN's user cannot create a scratch user and "
                                        f"database (see the README for its privileges): {_mysql_error(e)[1]}")
             sample = {**params, "user": name, "password": password, "database": name, "read_timeout": int(timeout_s) + 30}
-            result = _run_mysql(query, ddl, rows_sql, sample, admin, min_rows, (load_timeout_s, timeout_s),
+            result = _run_mysql(query, script, sample, admin, min_rows, (load_timeout_s, timeout_s),
                                 RowBudget(max_rows, max_bytes), preview_rows)
             result.server = admin.get_server_info().removeprefix("5.5.5-")    # MariaDB's replication prefix
             return result
@@ -474,7 +498,7 @@ def _mysql_statement_timeout(cur: Any, seconds: float) -> None:
         cur.execute(f"SET SESSION max_execution_time = {int(seconds * 1000)}")  # MySQL (SELECT only)
 
 
-def _run_mysql(query: str, ddl: str, rows_sql: str, params: dict[str, Any], admin: Any, min_rows: int,
+def _run_mysql(query: str, script: list[str], params: dict[str, Any], admin: Any, min_rows: int,
                limits_s: tuple[float, float], budget: RowBudget, preview_rows: int) -> ExecutionResult:
     load_s, timeout_s = limits_s
     conn = pymysql.connect(autocommit=True, **params)
@@ -489,7 +513,7 @@ def _run_mysql(query: str, ddl: str, rows_sql: str, params: dict[str, Any], admi
             with load, conn.cursor() as cur:
                 cur.execute(f"SET SESSION sql_mode = '{MYSQL8_SQL_MODE}'")
                 _mysql_statement_timeout(cur, load.seconds)
-                for st in split_sql(ddl, "mysql") + split_sql(rows_sql, "mysql"):
+                for st in script:
                     cur.execute(st)
                 _mysql_statement_timeout(cur, timeout_s)
         except pymysql.MySQLError as e:
