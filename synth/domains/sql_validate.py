@@ -113,6 +113,20 @@ MYSQL8_CAST_TYPES = frozenset({"BINARY", "CHAR", "DATE", "DATETIME", "DECIMAL", 
                                "REAL", "SIGNED", "UNSIGNED", "TIME", "YEAR"})
 
 
+# Functions MariaDB (which runs MySQL samples) has and MySQL 8.0 lacks: a MySQL sample calling one is
+# refused here, since MariaDB would run it.
+MARIADB_ONLY_FUNCTIONS = frozenset({"NVL", "NVL2", "MEDIAN", "PERCENTILE_CONT", "PERCENTILE_DISC", "TO_CHAR", "ADD_MONTHS",
+                                    "SYS_GUID", "DECODE_ORACLE", "LENGTHB", "CHR", "NATURAL_SORT_KEY", "SFORMAT",
+                                    "JSON_QUERY", "JSON_EXISTS", "JSON_EQUALS", "JSON_NORMALIZE", "JSON_DETAILED",
+                                    "JSON_LOOSE", "JSON_COMPACT"})
+
+
+def mysql8_function_problems(tokens: list[Any]) -> list[str]:
+    """Calls of MARIADB_ONLY_FUNCTIONS (MySQL 8.0 rejects them; MariaDB would not)."""
+    return sorted({f"{t.text.upper()}() is MariaDB's, not a MySQL 8.0 function" for t, nxt in zip(tokens, tokens[1:])
+                   if t.text.upper() in MARIADB_ONLY_FUNCTIONS and nxt.token_type == TokenType.L_PAREN})
+
+
 def mysql8_cast_problems(tokens: list[Any]) -> list[str]:
     """CAST(x AS t) / CONVERT(x, t) whose type t MySQL 8.0 does not accept (e.g. INTEGER: it needs SIGNED)."""
     problems = []
@@ -170,7 +184,7 @@ def dialect_lint(sql: str, dialect: str) -> list[str]:
             if texts[i] == "NULLS" and texts[i + 1] in ("FIRST", "LAST"):
                 problems.append("NULLS FIRST/LAST is not supported by MySQL")
                 break
-        problems += mysql8_cast_problems(tokens)
+        problems += mysql8_cast_problems(tokens) + mysql8_function_problems(tokens)
     try:
         statements = parse_statements(sql, dialect)
     except (ParseError, TokenError):
