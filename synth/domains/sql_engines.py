@@ -7,12 +7,16 @@ non-aggregated column outside GROUP BY as MySQL does); SQLite samples stay in SQ
 (`sql_validate.execute_in_sqlite`). Each execution:
 
 - takes exactly one statement (`single_statement`: a second statement is refused, not dropped;
-  PRAGMA, ATTACH, LOAD_EXTENSION and the like are refused);
-- runs in a database of its own, created for it and dropped afterwards (`synth_<random>`), so the
-  server is left as it was and concurrent executions never meet;
-- loads the schema and rows under a statement timeout of `LOAD_TIMEOUT_S`, runs the query under
-  its own, and fetches at most `max_rows` rows and `max_bytes` bytes
-  (streamed with a server-side cursor): past either, the verdict is `limit_exceeded`.
+  PRAGMA, ATTACH, LOAD_EXTENSION and the like are refused), and a schema of CREATE/ALTER/COMMENT
+  statements and rows of INSERT statements (`sample_script`);
+- runs in a database of its own, created for it and dropped afterwards (`synth_<random>`), as a
+  role (PostgreSQL) or user (MySQL/MariaDB) of the same name created for it, with rights on that
+  database only, and dropped afterwards: the DSN's role is administrative only, so a sample cannot
+  run programs, read or write server files, create roles or stop other sessions, whatever the DSN;
+- loads the schema and rows within `load_timeout_s` and runs the query within `timeout_s`, both
+  enforced from the administrative connection (`Deadline`: cancel, then terminate the session),
+  which a sample's `SET statement_timeout = 0` cannot lift; fetches at most `max_rows` rows and
+  `max_bytes` bytes (streamed with a server-side cursor): past either, the verdict is `limit_exceeded`.
 
 Results compare as SQL compares result sets: as multisets of rows (order-insensitive) unless the
 query orders them (a top-level ORDER BY), with NULL equal to NULL (as DISTINCT, UNION and EXCEPT
@@ -21,7 +25,9 @@ treat it) and numbers compared by value (`10.50` = `10.5` = 10.5). `results_matc
 Where the servers are: a DSN per dialect, from the environment (never from a config file, so no
 password lands in a run directory): `SYNTH_PG_DSN=postgresql://user:pw@host:5432/db` and
 `SYNTH_MYSQL_DSN=mysql://user:pw@host:3306/db` (also `mariadb://`; `?unix_socket=/path` for a
-socket). The user needs the right to create and drop databases.
+socket); without them, `sql_servers` starts throwaway local servers. The rights a DSN needs:
+PostgreSQL `LOGIN CREATEDB CREATEROLE`; MySQL/MariaDB `CREATE USER`, `CONNECTION ADMIN` (MySQL:
+`CONNECTION_ADMIN`), `PROCESS` and MYSQL_SCRATCH_PRIVILEGES on `synth\\_%`.* WITH GRANT OPTION.
 """
 
 from __future__ import annotations
