@@ -15,6 +15,7 @@ caller falls back to SQLite (`sql_validate.execute_in_sqlite`) and says so.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -219,8 +220,17 @@ class _Shared:
         with self._lock:
             return {d: s.dsn for d, s in self._servers.items()}
 
+    def stop_all(self) -> None:
+        """Stop what is still running (at interpreter exit: a holder that never released)."""
+        with self._lock:
+            for server in self._servers.values():
+                server.stop()
+            self._servers.clear()
+            self._users.clear()
+
 
 _SHARED = _Shared()
+atexit.register(_SHARED.stop_all)
 acquire = _SHARED.acquire
 release = _SHARED.release
 running = _SHARED.running
