@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 import psycopg
 import pymysql
@@ -170,3 +171,49 @@ def test_mariadb_samples_read_no_file_and_see_no_other_session(mysql_admin, mysq
         bystander.ping(reconnect=False)
     finally:
         bystander.close()
+
+
+# ---- a worker that died before its own cleanup ----------------------------------------------------------------
+
+def _in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:          # the session is killed under it: expected
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, errors
+
+
+def test_drop_scratch_stops_and_removes_what_a_dead_worker_left(pg_dsn, mysql_dsn, pg_clean, mysql_clean):
+    """execute_isolated drops a scratch itself when its worker dies: even with a statement still running."""
+    from psycopg import conninfo
+
+    from synth.domains import sql_engines as se
+
+    name, password = se.scratch_name(), "pw"
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        se._pg_create_scratch(admin, name, password)
+    sample = psycopg.connect(conninfo.make_conninfo(pg_dsn, dbname=name, user=name, password=password), autocommit=True)
+    pg_thread, pg_errors = _in_thread(lambda: sample.execute("SELECT pg_sleep(900)"))
+    admin = pymysql.connect(autocommit=True, **mysql_params(mysql_dsn))
+    account = se._mysql_account(admin, name)
+    se._mysql_create_scratch(admin, name, account, password)
+    admin.close()
+    mysample = pymysql.connect(**{**mysql_params(mysql_dsn), "user": name, "password": password, "database": name})
+    with mysample.cursor() as cur:
+        cur.execute(DDL)
+        cur.execute(ROWS)
+    my_thread, my_errors = _in_thread(lambda: mysample.cursor().execute("SELECT SLEEP(900) FROM t"))   # holds a table lock
+    se.drop_scratch("postgres", pg_dsn, name)
+    se.drop_scratch("mysql", mysql_dsn, name)
+    pg_thread.join(30)
+    my_thread.join(30)
+    assert not pg_thread.is_alive() and not my_thread.is_alive() and pg_errors and my_errors
+    assert scratch_databases_left(pg=pg_dsn, mysql=mysql_dsn) == []
+    sample.close()
+    mysample.close()
