@@ -26,7 +26,7 @@ export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
 .PHONY: demo test test-slow test-gpu setup check-java clean-demo system-packages lint
 .PHONY: teacher-env vllm-env llamacpp-env
 
-demo: setup teacher-env
+demo: setup system-packages teacher-env
 	$(PY) -m demo $(DEMO_ARGS)
 
 test: setup system-packages lint
@@ -37,9 +37,10 @@ LINTED := common kaiyuan mixtures proxy_eval trainer synth demo benchmarks
 lint: setup
 	$(PY) -m pyflakes $(LINTED)
 
-# Debian packages the tests use: the text-to-SQL tests start throwaway PostgreSQL and MariaDB servers
-# (tests/synth/domains/sql_servers.py) and common.sandbox isolates code with bubblewrap. Installed when
-# missing and we are root (CI); otherwise a warning, and the tests that need them skip with the reason.
+# Debian packages the tests and the demo use: text-to-SQL starts throwaway PostgreSQL and MariaDB servers
+# (synth/domains/sql_servers.py; without them it judges in SQLite) and common.sandbox isolates code with
+# bubblewrap. Installed when missing and we are root (CI); otherwise a warning, and the tests that need
+# them skip with the reason.
 system-packages:
 	@missing=""; \
 	 command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \

@@ -489,6 +489,8 @@ async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: 
         journal.close()
         cache.close()
         await env.close()
+        for step in steps:
+            step.close()
     outputs = _rebuild(cfg, out, chash, rows, posts)
     step_counts, usage, n_dropped = tally(outputs.ordered, steps)
     records = outputs.records

@@ -202,6 +202,9 @@ class Step(_Base, abc.ABC):
     async def apply(self, row: Row) -> None:
         """Transform `row` in place: add candidates, reject some, emit records, or drop it."""
 
+    def close(self) -> None:
+        """Release what the step holds for the run (a server it started); called once when the run ends."""
+
     # ---- candidates, rejections, counts ------------------------------------------------------
     @staticmethod
     def alive(row: Row, field_name: str) -> list[Candidate]:

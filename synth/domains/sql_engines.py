@@ -7,12 +7,16 @@ non-aggregated column outside GROUP BY as MySQL does); SQLite samples stay in SQ
 (`sql_validate.execute_in_sqlite`). Each execution:
 
 - takes exactly one statement (`single_statement`: a second statement is refused, not dropped;
-  PRAGMA, ATTACH, LOAD_EXTENSION and the like are refused);
-- runs in a database of its own, created for it and dropped afterwards (`synth_<random>`), so the
-  server is left as it was and concurrent executions never meet;
-- loads the schema and rows under a statement timeout of `LOAD_TIMEOUT_S`, runs the query under
-  its own, and fetches at most `max_rows` rows and `max_bytes` bytes
-  (streamed with a server-side cursor): past either, the verdict is `limit_exceeded`.
+  PRAGMA, ATTACH, LOAD_EXTENSION and the like are refused), and a schema of CREATE/ALTER/COMMENT
+  statements and rows of INSERT statements (`sample_script`);
+- runs in a database of its own, created for it and dropped afterwards (`synth_<random>`), as a
+  role (PostgreSQL) or user (MySQL/MariaDB) of the same name created for it, with rights on that
+  database only, and dropped afterwards: the DSN's role is administrative only, so a sample cannot
+  run programs, read or write server files, create roles or stop other sessions, whatever the DSN;
+- loads the schema and rows within `load_timeout_s` and runs the query within `timeout_s`, both
+  enforced from the administrative connection (`Deadline`: cancel, then terminate the session),
+  which a sample's `SET statement_timeout = 0` cannot lift; fetches at most `max_rows` rows and
+  `max_bytes` bytes (streamed with a server-side cursor): past either, the verdict is `limit_exceeded`.
 
 Results compare as SQL compares result sets: as multisets of rows (order-insensitive) unless the
 query orders them (a top-level ORDER BY), with NULL equal to NULL (as DISTINCT, UNION and EXCEPT
@@ -21,7 +25,9 @@ treat it) and numbers compared by value (`10.50` = `10.5` = 10.5). `results_matc
 Where the servers are: a DSN per dialect, from the environment (never from a config file, so no
 password lands in a run directory): `SYNTH_PG_DSN=postgresql://user:pw@host:5432/db` and
 `SYNTH_MYSQL_DSN=mysql://user:pw@host:3306/db` (also `mariadb://`; `?unix_socket=/path` for a
-socket). The user needs the right to create and drop databases.
+socket); without them, `sql_servers` starts throwaway local servers. The rights a DSN needs:
+PostgreSQL `LOGIN CREATEDB CREATEROLE`; MySQL/MariaDB `CREATE USER`, `CONNECTION ADMIN` (MySQL:
+`CONNECTION_ADMIN`), `PROCESS` and MYSQL_SCRATCH_PRIVILEGES on `synth\\_%`.* WITH GRANT OPTION.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ import json
 import math
 import os
 import secrets
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import psycopg
 import pymysql
+import pymysql.converters
 import pymysql.cursors
 import sqlglot
 from psycopg import conninfo as pg_conninfo
@@ -49,7 +57,8 @@ from sqlglot.tokens import TokenType
 
 MAX_ROWS = 10_000
 MAX_BYTES = 16 * 1024 * 1024
-LOAD_TIMEOUT_S = 30.0          # per statement of the schema and sample rows
+LOAD_TIMEOUT_S = 30.0          # for loading the schema and sample rows
+GRACE_S = 2.0                  # from cancelling a statement past its limit to terminating its session
 DSN_ENV = {"postgres": "SYNTH_PG_DSN", "mysql": "SYNTH_MYSQL_DSN"}
 # MySQL 8.0's default sql_mode: what a MySQL sample must satisfy, on MariaDB too.
 MYSQL8_SQL_MODE = ("ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
@@ -74,6 +83,7 @@ class ExecutionResult:
     error: str = ""
     ordered: bool = False
     ordered_sha256: str = ""
+    server: str = ""             # the server that judged it ("PostgreSQL 15.18", "10.11.19-MariaDB"); "" for SQLite
 
     @property
     def ok(self) -> bool:
@@ -122,6 +132,28 @@ def single_statement(sql: str, dialect: str) -> str:
     if first in REFUSED_STATEMENTS:
         raise StatementRefused(f"{first} statements are not executed")
     return statements[0]
+
+
+SCHEMA_STATEMENTS = ("CREATE", "ALTER", "COMMENT")      # what a sample's schema holds (parse_schema_answer keeps these)
+ROWS_STATEMENTS = ("INSERT",)
+
+
+def sample_script(ddl: str, rows_sql: str, dialect: str) -> list[str]:
+    """The statements of a sample's schema then rows; `StatementRefused` for one of another kind
+    (a SET, SELECT, COPY or DO among the rows runs nothing the sample needs)."""
+    out = []
+    for part, script, allowed in (("schema", ddl, SCHEMA_STATEMENTS), ("rows", rows_sql, ROWS_STATEMENTS)):
+        try:
+            statements = split_sql(script, dialect)
+        except SqlglotError as e:
+            raise StatementRefused(f"the {part} do not tokenize: {e}") from None
+        for st in statements:
+            first = st.split(None, 1)[0].upper().strip("(")
+            if first not in allowed:
+                raise StatementRefused(f"{first} statements are not run in a sample's {part} (only {', '.join(allowed)}): "
+                                       f"{' '.join(st.split())[:80]!r}")
+        out += statements
+    return out
 
 
 def is_ordered(query: str, dialect: str) -> bool:
@@ -222,68 +254,160 @@ def _short(e: BaseException) -> str:
     return " ".join(str(e).split())[:300]
 
 
-def _scratch_name() -> str:
+def scratch_name() -> str:
     return "synth_" + secrets.token_hex(6)
 
 
+class Deadline:
+    """A time limit the sample cannot lift: past `seconds`, `cancel()` runs (from the administrative
+    connection, outside the sample's session), then `terminate()` if the statement is still running
+    `grace_s` later. A sample's `SET statement_timeout = 0` only lifts the server's own limit."""
+
+    def __init__(self, seconds: float, cancel: Callable[[], Any], terminate: Callable[[], Any], grace_s: float = GRACE_S):
+        self.seconds = seconds
+        self.fired = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(cancel, terminate, grace_s), daemon=True)
+
+    def _watch(self, cancel: Callable[[], Any], terminate: Callable[[], Any], grace_s: float) -> None:
+        if self._done.wait(self.seconds):
+            return
+        self.fired = True
+        for action in (cancel, terminate):
+            try:
+                action()
+            except Exception:        # the session may already be gone; the next action or the drop follows
+                pass
+            if self._done.wait(grace_s):
+                return
+
+    def __enter__(self) -> "Deadline":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _stopped(engine: str, what: str, seconds: float) -> ExecutionResult:
+    return ExecutionResult("timeout", engine, error=f"{what} stopped at the {seconds:g}s limit (cancelled from outside the session)")
+
+
 # ---- PostgreSQL ----------------------------------------------------------------------------------------
+# The DSN's role is administrative only: per execution it creates a LOGIN role with no other right
+# (no superuser, CREATEDB, CREATEROLE, REPLICATION, BYPASSRLS; member of nothing, so none of
+# pg_read_server_files, pg_write_server_files, pg_execute_server_program, pg_signal_backend) and a
+# database that role owns; the schema, rows and query run as that role; the DSN's role is made a
+# member of it (to create its database and to cancel or terminate its backend) and drops both.
+
+def _pg_create_scratch(admin: psycopg.Connection, name: str, password: str) -> None:
+    admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}' NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                  f"NOREPLICATION NOBYPASSRLS CONNECTION LIMIT 1".encode())
+    admin.execute(f'GRANT "{name}" TO CURRENT_USER'.encode())
+    admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"'.encode())
+    admin.execute(f'REVOKE ALL ON DATABASE "{name}" FROM PUBLIC'.encode())
+
+
+def _pg_drop_scratch(admin: psycopg.Connection, name: str) -> None:
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+    admin.execute(f'DROP ROLE IF EXISTS "{name}"'.encode())
+
+
+def _pg_server(admin: psycopg.Connection) -> str:
+    v = admin.info.server_version
+    return f"PostgreSQL {v // 10000}.{v % 10000}" if v >= 100000 else f"PostgreSQL {v}"
+
 
 def execute_on_postgres(query: str, ddl: str, rows_sql: str, dsn: str, *, min_rows: int = 1, timeout_s: float = 5.0,
-                        max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES, preview_rows: int = 5) -> ExecutionResult:
-    """Load `ddl` + `rows_sql` into a fresh database of the server at `dsn`, run `query` (one
-    statement, streamed through a server-side cursor), drop the database."""
+                        max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES, preview_rows: int = 5,
+                        scratch: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S) -> ExecutionResult:
+    """Load `ddl` + `rows_sql` into a fresh database of the server at `dsn`, as a fresh role that owns
+    it and has no other right, run `query` (one statement, streamed through a server-side cursor)
+    under a `Deadline`, then drop the database and the role, whatever happened. `scratch` names
+    them (default: a random `synth_<hex>`)."""
     try:
         query = single_statement(query, "postgres")
+        script = sample_script(ddl, rows_sql, "postgres")
     except StatementRefused as e:
         return ExecutionResult("refused", "postgres", error=str(e))
-    name = _scratch_name()
+    name, password = scratch or scratch_name(), secrets.token_hex(16)
     try:
         admin = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.Error as e:
         return ExecutionResult("unsupported", "postgres", error=f"cannot connect to the PostgreSQL server: {_short(e)}")
     try:
-        admin.execute(f'CREATE DATABASE "{name}"')
         try:
-            return _run_postgres(query, ddl, rows_sql, pg_conninfo.make_conninfo(dsn, dbname=name),
-                                 min_rows, timeout_s, RowBudget(max_rows, max_bytes), preview_rows)
+            try:
+                _pg_create_scratch(admin, name, password)
+            except psycopg.Error as e:
+                return ExecutionResult("unsupported", "postgres", error=f"the DSN's role cannot create a scratch role and "
+                                       f"database (it needs LOGIN CREATEDB CREATEROLE): {_short(e)}")
+            sample_dsn = pg_conninfo.make_conninfo(dsn, dbname=name, user=name, password=password)
+            result = _run_postgres(query, script, sample_dsn, admin, min_rows, (load_timeout_s, timeout_s),
+                                   RowBudget(max_rows, max_bytes), preview_rows)
+            result.server = _pg_server(admin)
+            return result
         finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            _pg_drop_scratch(admin, name)
     except psycopg.Error as e:
         return ExecutionResult("error", "postgres", error=f"scratch database: {_short(e)}")
     finally:
         admin.close()
 
 
-def _run_postgres(query: str, ddl: str, rows_sql: str, dsn: str, min_rows: int, timeout_s: float, budget: RowBudget,
-                  preview_rows: int) -> ExecutionResult:
+def _run_postgres(query: str, script: list[str], dsn: str, admin: psycopg.Connection, min_rows: int,
+                  limits_s: tuple[float, float], budget: RowBudget, preview_rows: int) -> ExecutionResult:
+    load_s, timeout_s = limits_s
     with psycopg.connect(dsn, connect_timeout=10) as conn:
+        pid = conn.info.backend_pid
+
+        def deadline(seconds: float) -> Deadline:
+            return Deadline(seconds, lambda: admin.execute("SELECT pg_cancel_backend(%s)", [pid]),
+                            lambda: admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid]))
+
+        load = deadline(load_s)
         try:
-            with conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {int(max(timeout_s, LOAD_TIMEOUT_S) * 1000)}".encode())
-                for st in split_sql(ddl, "postgres") + split_sql(rows_sql, "postgres"):
+            with load, conn.cursor() as cur:
+                cur.execute(f"SET statement_timeout = {int(load.seconds * 1000)}".encode())
+                for st in script:
                     cur.execute(st.encode())
             conn.commit()
         except psycopg.Error as e:
+            if load.fired:
+                return _stopped("postgres", "loading the schema and rows", load.seconds)
             return ExecutionResult("error", "postgres", error=f"schema or rows do not load: {_short(e)}")
+        run = deadline(timeout_s)
         try:
-            with conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}".encode())
-            with conn.cursor(name="synth_result") as cur:
-                cur.execute(query.encode())
-                rows = fetch_limited(cur, budget)
-                columns = [d.name for d in cur.description or []]
-        except pg_errors.QueryCanceled:
-            return ExecutionResult("timeout", "postgres", error=f"statement timeout after {timeout_s}s")
+            with run:
+                with conn.cursor() as cur:
+                    cur.execute(f"SET statement_timeout = {max(1, int(timeout_s * 1000))}".encode())
+                with conn.cursor(name="synth_result") as cur:
+                    cur.execute(query.encode())
+                    rows = fetch_limited(cur, budget)
+                    columns = [d.name for d in cur.description or []]
         except LimitExceeded as e:
             return ExecutionResult("limit_exceeded", "postgres", error=str(e))
         except psycopg.Error as e:
+            if run.fired or isinstance(e, pg_errors.QueryCanceled):
+                return _stopped("postgres", "the query", timeout_s)
             return ExecutionResult("error", "postgres", error=_short(e))
         finally:
-            conn.rollback()
+            if not conn.closed:
+                conn.rollback()
+    if run.fired:
+        return _stopped("postgres", "the query", timeout_s)
     return finish("postgres", query, "postgres", columns, rows, min_rows, preview_rows)
 
 
 # ---- MySQL / MariaDB -------------------------------------------------------------------------------------
+# The same for MySQL and MariaDB: a user per execution, on the host the DSN's user connects from, with
+# privileges on its scratch database only (MYSQL_SCRATCH_PRIVILEGES: no FILE, PROCESS, SUPER, CREATE
+# USER, GRANT OPTION or any other global privilege); the DSN's user kills its statement and session.
+
+MYSQL_SCRATCH_PRIVILEGES = ("SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, INDEX, ALTER, REFERENCES, CREATE TEMPORARY TABLES, "
+                            "CREATE VIEW, SHOW VIEW, TRIGGER")
+
 
 def mysql_params(dsn: str) -> dict[str, Any]:
     """PyMySQL connection arguments from `mysql://user:pw@host:port/db?unix_socket=/path`."""
@@ -303,29 +427,70 @@ def _mysql_error(e: pymysql.MySQLError) -> tuple[int, str]:
     return code, _short(e.args[1] if len(e.args) > 1 else e)
 
 
+def _mysql_account(admin: Any, name: str) -> str:
+    """'name'@'host', host being where the DSN's user connects from (so the sample's user connects the same way)."""
+    with admin.cursor() as cur:
+        cur.execute("SELECT SUBSTRING_INDEX(USER(), '@', -1)")
+        host = cur.fetchone()[0]
+    return f"'{name}'@'{pymysql.converters.escape_string(host)}'"
+
+
+def _mysql_create_scratch(admin: Any, name: str, account: str, password: str) -> None:
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        cur.execute(f"CREATE USER {account} IDENTIFIED BY '{password}' WITH MAX_USER_CONNECTIONS 1")
+        cur.execute(f"GRANT {MYSQL_SCRATCH_PRIVILEGES} ON `{name.replace('_', chr(92) + '_')}`.* TO {account}")
+
+
+def _mysql_kill(admin: Any, what: str, thread_id: int) -> None:
+    with admin.cursor() as cur:
+        cur.execute(f"KILL {what} {int(thread_id)}")
+
+
+def _mysql_drop_scratch(admin: Any, name: str, account: str) -> None:
+    with admin.cursor() as cur:
+        cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s", (name,))
+        for (thread_id,) in cur.fetchall():
+            try:
+                _mysql_kill(admin, "CONNECTION", thread_id)
+            except pymysql.MySQLError:
+                pass                  # gone meanwhile
+        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        cur.execute(f"DROP USER IF EXISTS {account}")
+
+
 def execute_on_mysql(query: str, ddl: str, rows_sql: str, dsn: str, *, min_rows: int = 1, timeout_s: float = 5.0,
-                     max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES, preview_rows: int = 5) -> ExecutionResult:
-    """Load `ddl` + `rows_sql` into a fresh database of the MySQL/MariaDB server at `dsn`, run
-    `query` (one statement, unbuffered) under MySQL 8's sql_mode, drop the database."""
+                     max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES, preview_rows: int = 5,
+                     scratch: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S) -> ExecutionResult:
+    """Load `ddl` + `rows_sql` into a fresh database of the MySQL/MariaDB server at `dsn`, as a fresh
+    user with privileges on that database only, run `query` (one statement, unbuffered) under MySQL
+    8's sql_mode and a `Deadline`, then drop the database and the user, whatever happened."""
     try:
         query = single_statement(query, "mysql")
+        script = sample_script(ddl, rows_sql, "mysql")
         params = mysql_params(dsn)
     except (StatementRefused, ValueError) as e:
         return ExecutionResult("refused", "mysql", error=str(e))
-    name = _scratch_name()
+    name, password = scratch or scratch_name(), secrets.token_hex(16)
     try:
         admin = pymysql.connect(autocommit=True, **params)
     except pymysql.MySQLError as e:
         return ExecutionResult("unsupported", "mysql", error=f"cannot connect to the MySQL server: {_mysql_error(e)[1]}")
     try:
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        account = _mysql_account(admin, name)
         try:
-            return _run_mysql(query, ddl, rows_sql, {**params, "database": name, "read_timeout": int(timeout_s) + 30},
-                              min_rows, timeout_s, RowBudget(max_rows, max_bytes), preview_rows)
+            try:
+                _mysql_create_scratch(admin, name, account, password)
+            except pymysql.MySQLError as e:
+                return ExecutionResult("unsupported", "mysql", error=f"the DSN's user cannot create a scratch user and "
+                                       f"database (see the README for its privileges): {_mysql_error(e)[1]}")
+            sample = {**params, "user": name, "password": password, "database": name, "read_timeout": int(timeout_s) + 30}
+            result = _run_mysql(query, script, sample, admin, min_rows, (load_timeout_s, timeout_s),
+                                RowBudget(max_rows, max_bytes), preview_rows)
+            result.server = admin.get_server_info().removeprefix("5.5.5-")    # MariaDB's replication prefix
+            return result
         finally:
-            with admin.cursor() as cur:
-                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            _mysql_drop_scratch(admin, name, account)
     except pymysql.MySQLError as e:
         return ExecutionResult("error", "mysql", error=f"scratch database: {_mysql_error(e)[1]}")
     finally:
@@ -339,21 +504,31 @@ def _mysql_statement_timeout(cur: Any, seconds: float) -> None:
         cur.execute(f"SET SESSION max_execution_time = {int(seconds * 1000)}")  # MySQL (SELECT only)
 
 
-def _run_mysql(query: str, ddl: str, rows_sql: str, params: dict[str, Any], min_rows: int, timeout_s: float,
-               budget: RowBudget, preview_rows: int) -> ExecutionResult:
+def _run_mysql(query: str, script: list[str], params: dict[str, Any], admin: Any, min_rows: int,
+               limits_s: tuple[float, float], budget: RowBudget, preview_rows: int) -> ExecutionResult:
+    load_s, timeout_s = limits_s
     conn = pymysql.connect(autocommit=True, **params)
+    tid = conn.thread_id()
+
+    def deadline(seconds: float) -> Deadline:
+        return Deadline(seconds, lambda: _mysql_kill(admin, "QUERY", tid), lambda: _mysql_kill(admin, "CONNECTION", tid))
+
     try:
-        with conn.cursor() as cur:
-            cur.execute(f"SET SESSION sql_mode = '{MYSQL8_SQL_MODE}'")
-            _mysql_statement_timeout(cur, max(timeout_s, LOAD_TIMEOUT_S))
-            try:
-                for st in split_sql(ddl, "mysql") + split_sql(rows_sql, "mysql"):
-                    cur.execute(st)
-            except pymysql.MySQLError as e:
-                return ExecutionResult("error", "mysql", error=f"schema or rows do not load: {_mysql_error(e)[1]}")
-            _mysql_statement_timeout(cur, timeout_s)
+        load = deadline(load_s)
         try:
-            with conn.cursor(pymysql.cursors.SSCursor) as cur:
+            with load, conn.cursor() as cur:
+                cur.execute(f"SET SESSION sql_mode = '{MYSQL8_SQL_MODE}'")
+                _mysql_statement_timeout(cur, load.seconds)
+                for st in script:
+                    cur.execute(st)
+                _mysql_statement_timeout(cur, timeout_s)
+        except pymysql.MySQLError as e:
+            if load.fired:
+                return _stopped("mysql", "loading the schema and rows", load.seconds)
+            return ExecutionResult("error", "mysql", error=f"schema or rows do not load: {_mysql_error(e)[1]}")
+        run = deadline(timeout_s)
+        try:
+            with run, conn.cursor(pymysql.cursors.SSCursor) as cur:
                 cur.execute(query)
                 columns = [d[0] for d in cur.description or []]
                 rows = fetch_limited(cur, budget)
@@ -361,12 +536,31 @@ def _run_mysql(query: str, ddl: str, rows_sql: str, params: dict[str, Any], min_
             return ExecutionResult("limit_exceeded", "mysql", error=str(e))
         except pymysql.MySQLError as e:
             code, msg = _mysql_error(e)
-            if code in (1969, 3024) or "max_statement_time" in msg:      # MariaDB, MySQL: statement timeout
-                return ExecutionResult("timeout", "mysql", error=f"statement timeout after {timeout_s}s")
+            if run.fired or code in (1969, 3024) or "max_statement_time" in msg:      # MariaDB, MySQL: statement timeout
+                return _stopped("mysql", "the query", timeout_s)
             return ExecutionResult("error", "mysql", error=msg)
     finally:
-        conn.close()
+        try:
+            conn.close()
+        except pymysql.MySQLError:
+            pass
+    if run.fired:                 # MariaDB's SLEEP() returns 1 when its statement is killed
+        return _stopped("mysql", "the query", timeout_s)
     return finish("mysql", query, "mysql", columns, rows, min_rows, preview_rows)
+
+
+def drop_scratch(dialect: str, dsn: str, name: str) -> None:
+    """Drop the scratch database and role/user `name` of an execution whose process died before its
+    own cleanup (idempotent; stops their sessions first)."""
+    if dialect == "postgres":
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as admin:
+            _pg_drop_scratch(admin, name)
+        return
+    admin = pymysql.connect(autocommit=True, **mysql_params(dsn))
+    try:
+        _mysql_drop_scratch(admin, name, _mysql_account(admin, name))
+    finally:
+        admin.close()
 
 
 # ---- which server ----------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.tokens import TokenType
 
 from synth.domains.sql_engines import (MAX_BYTES, MAX_ROWS, SERVER_EXECUTORS, ExecutionResult, LimitExceeded, RowBudget,
-                                       StatementRefused, fetch_limited, finish, single_statement,
+                                       StatementRefused, drop_scratch, fetch_limited, finish, scratch_name, single_statement,
                                        split_sql)
 
 # sqlglot warns on statements it keeps as opaque commands (CREATE EXTENSION ...); those are
@@ -107,6 +107,47 @@ def parse_statements(sql: str, dialect: str) -> list[exp.Expression]:
     return [s for s in sqlglot.parse(sql, read=dialect, error_level=ErrorLevel.RAISE) if s is not None]
 
 
+# MySQL 8.0's CAST/CONVERT target types (its manual, "Cast Functions and Operators"); MariaDB also
+# takes INT/INTEGER/VARCHAR there, so a MySQL sample run on MariaDB is held to MySQL's list here.
+MYSQL8_CAST_TYPES = frozenset({"BINARY", "CHAR", "DATE", "DATETIME", "DECIMAL", "DOUBLE", "FLOAT", "JSON", "NCHAR",
+                               "REAL", "SIGNED", "UNSIGNED", "TIME", "YEAR"})
+
+
+# Functions MariaDB (which runs MySQL samples) has and MySQL 8.0 lacks: a MySQL sample calling one is
+# refused here, since MariaDB would run it.
+MARIADB_ONLY_FUNCTIONS = frozenset({"NVL", "NVL2", "MEDIAN", "PERCENTILE_CONT", "PERCENTILE_DISC", "TO_CHAR", "ADD_MONTHS",
+                                    "SYS_GUID", "DECODE_ORACLE", "LENGTHB", "CHR", "NATURAL_SORT_KEY", "SFORMAT",
+                                    "JSON_QUERY", "JSON_EXISTS", "JSON_EQUALS", "JSON_NORMALIZE", "JSON_DETAILED",
+                                    "JSON_LOOSE", "JSON_COMPACT"})
+
+
+def mysql8_function_problems(tokens: list[Any]) -> list[str]:
+    """Calls of MARIADB_ONLY_FUNCTIONS (MySQL 8.0 rejects them; MariaDB would not)."""
+    return sorted({f"{t.text.upper()}() is MariaDB's, not a MySQL 8.0 function" for t, nxt in zip(tokens, tokens[1:])
+                   if t.text.upper() in MARIADB_ONLY_FUNCTIONS and nxt.token_type == TokenType.L_PAREN})
+
+
+def mysql8_cast_problems(tokens: list[Any]) -> list[str]:
+    """CAST(x AS t) / CONVERT(x, t) whose type t MySQL 8.0 does not accept (e.g. INTEGER: it needs SIGNED)."""
+    problems = []
+    for i, tok in enumerate(tokens[:-1]):
+        func = tok.text.upper()
+        if func not in ("CAST", "CONVERT") or tokens[i + 1].token_type != TokenType.L_PAREN:
+            continue
+        depth, sep = 0, TokenType.ALIAS if func == "CAST" else TokenType.COMMA
+        for j in range(i + 1, len(tokens) - 1):
+            depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[j].token_type, 0)
+            if depth == 0:
+                break
+            if depth == 1 and tokens[j].token_type == sep:
+                target = tokens[j + 1].text.upper().split()[0] if tokens[j + 1].text.strip() else ""
+                if target not in MYSQL8_CAST_TYPES:
+                    problems.append(f"{func}(... {'AS ' if func == 'CAST' else ', '}{tokens[j + 1].text}) is not MySQL 8.0 "
+                                    f"(its cast types: SIGNED, UNSIGNED, DECIMAL, CHAR, DATE, ...)")
+                break
+    return problems
+
+
 def dialect_lint(sql: str, dialect: str) -> list[str]:
     """Syntax that sqlglot parses in `dialect` but the dialect's real engine rejects.
 
@@ -143,6 +184,7 @@ def dialect_lint(sql: str, dialect: str) -> list[str]:
             if texts[i] == "NULLS" and texts[i + 1] in ("FIRST", "LAST"):
                 problems.append("NULLS FIRST/LAST is not supported by MySQL")
                 break
+        problems += mysql8_cast_problems(tokens) + mysql8_function_problems(tokens)
     try:
         statements = parse_statements(sql, dialect)
     except (ParseError, TokenError):
@@ -390,13 +432,15 @@ def execute_in_sqlite(query: str, ddl: str, rows_sql: str, dialect: str, *, min_
 
 
 def execute_sample(query: str, ddl: str, rows_sql: str, dialect: str, *, dsn: str | None = None, min_rows: int = 1,
-                   timeout_s: float = 5.0, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES) -> ExecutionResult:
-    """Run a sample where its dialect runs: on the server at `dsn` (PostgreSQL or MySQL/MariaDB),
-    else in SQLite; a non-SQLite query that resolved but fails in SQLite is `unsupported` there."""
+                   timeout_s: float = 5.0, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES,
+                   scratch: str | None = None) -> ExecutionResult:
+    """Run a sample where its dialect runs: on the server at `dsn` (PostgreSQL or MySQL/MariaDB; in a
+    scratch database and as a scratch role named `scratch`), else in SQLite; a non-SQLite query that
+    resolved but fails in SQLite is `unsupported` there."""
     dialect = canonical_dialect(dialect)
     kw = dict(min_rows=min_rows, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
     if dsn and dialect in SERVER_EXECUTORS:
-        return SERVER_EXECUTORS[dialect](query, ddl, rows_sql, dsn, **kw)
+        return SERVER_EXECUTORS[dialect](query, ddl, rows_sql, dsn, scratch=scratch, **kw)
     result = execute_in_sqlite(query, ddl, rows_sql, dialect, **kw)
     if dialect != "sqlite" and result.status == "error" and not result.error.startswith("schema or rows"):
         result.status = "unsupported"
@@ -409,23 +453,36 @@ def _worker_limits(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def _drop_after_worker(engine: str, dsn: str | None, scratch: str | None) -> None:
+    """A worker that died before its own cleanup leaves its scratch database and role: drop them."""
+    if dsn and scratch:
+        try:
+            drop_scratch(engine, dsn, scratch)
+        except Exception as e:          # the verdict stands; the leftover is named in the log
+            logging.getLogger(__name__).warning("could not drop scratch %s on the %s server: %s", scratch, engine, e)
+
+
 def execute_isolated(query: str, ddl: str, rows_sql: str, dialect: str, *, dsn: str | None = None, min_rows: int = 1,
                      timeout_s: float = 5.0, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES,
                      memory_mb: int = 1024) -> ExecutionResult:
     """`execute_sample` in a worker process (`python -m synth.domains.sql_validate`) whose address
     space is capped at `memory_mb`: a result or value too large for it is `limit_exceeded`, a
     worker past the time limit is killed (`timeout`). The validator's own memory is never at risk."""
+    on_server = bool(dsn) and canonical_dialect(dialect) in SERVER_EXECUTORS
+    scratch = scratch_name() if on_server else None
     spec = dict(query=query, ddl=ddl, rows_sql=rows_sql, dialect=dialect, dsn=dsn, min_rows=min_rows,
-                timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes)
-    engine = dialect if dsn and canonical_dialect(dialect) in SERVER_EXECUTORS else "sqlite"
+                timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes, scratch=scratch)
+    engine = canonical_dialect(dialect) if on_server else "sqlite"
     wall_s = timeout_s + 60          # loading the schema, connecting, creating and dropping the database
     try:
         proc = subprocess.run([sys.executable, "-m", "synth.domains.sql_validate"], input=json.dumps(spec),
                               capture_output=True, text=True, timeout=wall_s, env={**os.environ, "PYTHONHASHSEED": "0"},
                               preexec_fn=lambda: _worker_limits(memory_mb))
     except subprocess.TimeoutExpired:
+        _drop_after_worker(engine, dsn, scratch)
         return ExecutionResult("timeout", engine, error=f"the execution worker did not finish within {wall_s}s")
     if proc.returncode != 0:
+        _drop_after_worker(engine, dsn, scratch)
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         if proc.returncode < 0 or "MemoryError" in proc.stderr or "Cannot allocate" in proc.stderr:
             return ExecutionResult("limit_exceeded", engine, error=f"the execution worker ran out of its {memory_mb} MB ({tail[:120]})")

@@ -24,6 +24,7 @@ Each stage counts what it kept, so the run manifest shows the acceptance of ever
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
 import random
 import re
@@ -33,9 +34,11 @@ from pydantic import Field
 from sqlglot.errors import OptimizeError, ParseError, TokenError
 
 from common.config import StrictModel
+from common.log import get_logger
 from common.hashing import stable_id
 from common.records import Verification
 from synth.checkpool import CheckTimeout
+from synth.domains import sql_servers
 from synth.domains import sql_validate as sv
 from synth.domains.seeds import load_sql_taxonomy
 from synth.domains.sql_engines import results_match
@@ -44,6 +47,7 @@ from synth.steps import JudgeParams, RubricCfg, score_rubric
 from synth.verify import Outcome, register_verifier
 
 DIALECT_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "mysql": "MySQL"}
+log = get_logger("synth.text_to_sql")
 
 
 # ---- source ----------------------------------------------------------------------------------
@@ -342,31 +346,82 @@ def execute_sample(dialect: str, parsed: dict[str, Any], min_rows: int, timeout_
 
 @register_step("sql_execute")
 class SqlExecute(_SqlCheck):
-    """Run the gold query on the schema without distractors (a second proof that it ignores them)."""
+    """Run the gold query on the schema without distractors (a second proof that it ignores them), on
+    the dialect's real engine: the server a DSN variable names, else a throwaway server this run
+    starts (`sql_servers`, held until the run ends), else, with neither, SQLite (warned once at start;
+    the record's `execution.engine` says `sqlite`). The manifest counts each engine's samples
+    (`<step>.engine:<postgres|mariadb|mysql|sqlite>`)."""
 
     class Config(StrictModel):
         min_rows: int = 1
         timeout_s: float = 5.0
         unsupported: str = "reject"          # reject | accept: a query SQLite cannot judge
         # environment variables holding a DSN per dialect: when one is set, that dialect's samples run
-        # on that real server; when not, they are transpiled to SQLite (the record's execution says which)
+        # on that real server; when not, on a throwaway local server (or SQLite without the binaries)
         postgres_dsn_env: str | None = "SYNTH_PG_DSN"
         mysql_dsn_env: str | None = "SYNTH_MYSQL_DSN"
 
-    def dsn(self, dialect: str) -> str | None:
-        var = {"postgres": self.cfg.postgres_dsn_env, "mysql": self.cfg.mysql_dsn_env}.get(dialect)
+    def __init__(self, name: str, cfg: Any, env: Any):
+        super().__init__(name, cfg, env)
+        self._held: dict[str, str] = {}               # dialect -> DSN of the local server this run holds
+        self._fallback: set[str] = set()              # dialects judged in SQLite for this run
+        self._lock = asyncio.Lock()
+        missing = {d: why for d in sql_servers.PACKAGES if not self.configured_dsn(d)
+                   and (why := sql_servers.binaries_missing(d))}
+        if missing:
+            self._fallback.update(missing)
+            log.warning("%s: %s samples will be judged in SQLite, not on their engine (no %s set, and %s); "
+                        "records say execution.engine: sqlite", self.name, " and ".join(DIALECT_NAMES[d] for d in missing),
+                        " or ".join(v for d in missing if (v := self._dsn_var(d))), "; ".join(missing.values()))
+
+    def _dsn_var(self, dialect: str) -> str | None:
+        return {"postgres": self.cfg.postgres_dsn_env, "mysql": self.cfg.mysql_dsn_env}.get(dialect)
+
+    def configured_dsn(self, dialect: str) -> str | None:
+        """The DSN the environment names for `dialect`, or None."""
+        var = self._dsn_var(dialect)
         return (os.environ.get(var) or None) if var else None
 
+    async def dsn(self, dialect: str) -> str | None:
+        """Where `dialect`'s samples run: the configured server, else this run's local one (started on
+        first use), else None (SQLite)."""
+        configured = self.configured_dsn(dialect)
+        if configured or dialect not in sql_servers.PACKAGES or dialect in self._fallback:
+            return configured
+        async with self._lock:
+            if dialect not in self._held and dialect not in self._fallback:
+                try:
+                    self._held[dialect] = await asyncio.to_thread(sql_servers.acquire, dialect)
+                except sql_servers.ServerUnavailable as e:
+                    log.warning("%s: %s samples will be judged in SQLite: %s", self.name, DIALECT_NAMES[dialect], e)
+                    self._fallback.add(dialect)
+        return self._held.get(dialect)
+
+    def close(self) -> None:
+        for dialect in self._held:
+            sql_servers.release(dialect)
+        self._held.clear()
+
     async def verdict(self, row: Row, c: Candidate) -> sv.Check:
+        dsn = await self.dsn(row.fields["dialect"])
         try:
             chk, c.parsed["execution"] = await self.check(
                 execute_sample, row.fields["dialect"], c.parsed, self.cfg.min_rows, self.cfg.timeout_s,
-                self.cfg.unsupported, self.dsn(row.fields["dialect"]),
-                timeout_s=self.cfg.timeout_s + 30)
+                self.cfg.unsupported, dsn, timeout_s=self.cfg.timeout_s + 30)
         except CheckTimeout as e:
             c.parsed["execution"] = {"status": "timeout", "error": str(e)}
-            return sv.Check("execution", False, f"timeout: {e}")
+            chk = sv.Check("execution", False, f"timeout: {e}")
+        engine = judging_engine(c.parsed["execution"], row.fields["dialect"] if dsn else "sqlite")
+        self.count(row, 1, int(chk.ok), stage=f"engine:{engine}")
         return chk
+
+
+def judging_engine(execution: dict[str, Any] | None, planned: str) -> str:
+    """postgres | mariadb | mysql | sqlite: what judged a sample (its execution result's engine and
+    server; `planned` when it has none)."""
+    ex = execution or {}
+    engine = ex.get("engine") or planned
+    return "mariadb" if engine == "mysql" and "mariadb" in str(ex.get("server", "")).lower() else engine
 
 
 @register_step("sql_critic")

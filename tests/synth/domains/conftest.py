@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.synth.domains.sql_servers import mysql_dsn, pg_dsn  # noqa: F401  (session fixtures: throwaway servers)
+from tests.synth.domains.sql_servers import (held_sql_servers, mysql_dsn, mysql_min_dsn, pg_dsn,  # noqa: F401
+                                             pg_min_dsn)  # (session fixtures: throwaway servers)
 
 
 class Script:

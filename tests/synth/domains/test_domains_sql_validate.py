@@ -120,6 +120,11 @@ INVALID = {
         ("SELECT name FROM customers ORDER BY name NULLS LAST", "NULLS FIRST/LAST"),
         ("SELECT name FROM customers FETCH FIRST 2 ROWS ONLY", "FETCH"),
         ("SELECT TOP 2 name FROM customers", "parse"),
+        # MariaDB runs MySQL samples: what it accepts and MySQL 8.0 does not is refused here
+        ("SELECT CAST(total AS INTEGER) AS t FROM orders", "CAST(... AS INTEGER) is not MySQL 8.0"),
+        ("SELECT CONVERT(total, INT) AS t FROM orders", "CONVERT(... , INT) is not MySQL 8.0"),
+        ("SELECT NVL(name, 'x') AS n FROM customers", "NVL() is MariaDB's"),
+        ("SELECT MEDIAN(total) OVER () AS m FROM orders", "MEDIAN() is MariaDB's"),
     ],
 }
 

@@ -63,7 +63,7 @@ def task_reply(text: str, req: dict) -> str:
 
 
 @pytest.fixture
-def sql_script(script):
+def sql_script(script, held_sql_servers):
     script.on("You are designing a realistic", reply=schema_reply, name="schema")
     script.on("Write one request that a user", reply=task_reply, name="task")
     script.on('Criterion "naturalness"', "critic-bait", reply='{"score": 2, "reason": "stilted"}', name="critic-low")
@@ -162,8 +162,8 @@ def test_sql_execute_takes_each_dialects_server_from_its_own_variable(monkeypatc
     step.cfg = SqlExecute.Config()
     monkeypatch.setenv("SYNTH_PG_DSN", "postgresql://pg@127.0.0.1/x")
     monkeypatch.setenv("SYNTH_MYSQL_DSN", "mysql://my@127.0.0.1/x")
-    assert step.dsn("postgres").startswith("postgresql://")
-    assert step.dsn("mysql").startswith("mysql://")
-    assert step.dsn("sqlite") is None
+    assert step.configured_dsn("postgres").startswith("postgresql://")
+    assert step.configured_dsn("mysql").startswith("mysql://")
+    assert step.configured_dsn("sqlite") is None
     monkeypatch.delenv("SYNTH_MYSQL_DSN")
-    assert step.dsn("mysql") is None
+    assert step.configured_dsn("mysql") is None

@@ -146,8 +146,7 @@ def test_zeroblob_cannot_exhaust_the_validators_memory():
 @pytest.mark.parametrize("dialect,query", [("postgres", "SELECT pg_sleep(5)"), ("mysql", "SELECT SLEEP(5)")])
 def test_statement_timeouts(run, dialect, query):
     r = run(dialect, query, timeout_s=0.5)
-    assert r.status in ("timeout", "empty", "ok") and (r.status == "timeout" or r.rows_preview == [[1]]), r
-    assert r.status == "timeout" or dialect == "mysql"        # MariaDB's SLEEP returns 1 when interrupted
+    assert r.status == "timeout", r          # also on MariaDB, whose SLEEP returns 1 when its statement is killed
 
 
 def test_an_unreachable_server_is_unsupported_not_wrong():
