@@ -25,7 +25,7 @@ from common.errors import ContractError
 from proxy_eval import fits
 from proxy_eval.contracts import PcaFile, SuiteResults, TrackFile
 from proxy_eval.decide import suggest_from_plan
-from proxy_eval.evaluate import evaluate_suite
+from proxy_eval.evaluate import evaluate_suite, load_suite
 from proxy_eval.loading import open_scorer
 from proxy_eval.merge import best_per_point, track_run
 from proxy_eval.pca import biplot, capability_pca
@@ -69,9 +69,10 @@ def cmd_eval(args) -> int:
     suite = load_config(SuiteConfig, args.suite, args.overrides)
     if args.skip_bad_records:
         suite = suite.model_copy(update={"tasks": [t.model_copy(update={"bad_records": "skip"}) for t in suite.tasks]})
+    tasks = load_suite(suite)               # bad benchmark records stop here, before a model loads
     scorer = open_scorer(args.model, tokenizer=args.tokenizer, device=args.device, name=args.name,
                          max_length=suite.max_length)
-    result = evaluate_suite(scorer, suite, batch_size=args.batch_size)
+    result = evaluate_suite(scorer, suite, tasks, batch_size=args.batch_size)
     result.write(args.out)
     for r in result.results:
         print(f"{r.task:<24} {r.group:<10} {r.metric:<14} {r.value:.4f} ± {r.stderr:.4f}  (n={r.n})")
