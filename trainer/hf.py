@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, get_args
 
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from common import storage
@@ -89,6 +90,8 @@ def model_config_from_hf(config: dict[str, Any], path: str | os.PathLike = "conf
                             else "rope_parameters")
     rope = config.get("rope_parameters") or {}
     theta = rope.get("rope_theta", config.get("rope_theta", DEFAULT_ROPE_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise ContractError(path, f"rope_theta must be a number, found {theta!r:.60}", field="rope_parameters")
     heads = int(config["num_attention_heads"])
     try:
         return ModelConfig(
@@ -99,8 +102,8 @@ def model_config_from_hf(config: dict[str, Any], path: str | os.PathLike = "conf
             d_ff=int(config["intermediate_size"]), max_seq_len=int(config.get("max_position_embeddings") or 4096),
             rope_theta=float(theta), norm_eps=float(config.get("rms_norm_eps") or 1e-6),
             init_std=float(config.get("initializer_range") or 0.02))
-    except (TypeError, ValueError) as e:
-        raise ContractError(path, f"a field is not a number ({str(e).splitlines()[0]})") from None
+    except ValidationError as e:
+        raise ContractError(path, f"not a model the trainer builds ({e.errors()[0]['msg']})") from None
 
 
 def _field_checks(cfg: ModelConfig) -> list[tuple[str, str, int, int]]:

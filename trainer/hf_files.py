@@ -28,6 +28,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024          # safetensors' own limit on the JS
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZE_FIELDS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+OPTIONAL_NUMBER_FIELDS = ("rope_theta", "rms_norm_eps", "initializer_range")
 _DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 
 
@@ -57,9 +59,17 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     for key in SIZE_FIELDS:
         if key not in config:
             raise ContractError(path, "missing", field=key)
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    for key in SIZE_FIELDS + OPTIONAL_SIZE_FIELDS:
+        value = config.get(key)
+        if key in config and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ContractError(path, f"must be a positive integer, found {value!r:.60}", field=key)
+    for key in OPTIONAL_NUMBER_FIELDS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ContractError(path, f"must be a number, found {value!r:.60}", field=key)
+    if not isinstance(config.get("tie_word_embeddings", False), bool):
+        raise ContractError(path, f"must be true or false, found {config['tie_word_embeddings']!r:.60}",
+                            field="tie_word_embeddings")
     return config
 
 
@@ -105,7 +115,9 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         raise ContractError(path, f"the safetensors header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ContractError(path, "the safetensors header is not a JSON object")
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ContractError(path, "the safetensors __metadata__ must map names to strings", field="__metadata__")
     return check_tensor_entries(path, header, size - 8 - n)
 
 
