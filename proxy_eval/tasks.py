@@ -171,6 +171,8 @@ def _text_lines(fh: IO[bytes], path: Path) -> Iterator[str]:
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    if not path.is_file():
+        raise ContractError(path, "not found")
     records: list[tuple[str, dict[str, Any]]] = []
     try:
         with _open_binary(path) as fh:
@@ -219,7 +221,10 @@ def read_located_records(source: DataSource) -> list[tuple[str, dict[str, Any]]]
             raise ContractError(path, f"not a readable parquet file ({e})") from None
     else:
         if kind == "hf_disk":
-            ds = datasets.load_from_disk(str(path))
+            try:
+                ds = datasets.load_from_disk(str(path))
+            except (FileNotFoundError, ValueError) as e:
+                raise ContractError(path, f"not a `datasets.save_to_disk` directory ({e})") from None
         else:
             ds = datasets.load_dataset(source.path, source.name, split=source.split)
         if isinstance(ds, datasets.DatasetDict):

@@ -97,6 +97,11 @@ def test_unreadable_bytes_and_files_name_file_and_line(tmp_path):
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(ContractError, match=rf"{cut}: cannot be read after record \d+: .*cut or damaged"):
         load_task(_task("gsm8k", cut))
+    with pytest.raises(ContractError, match=rf"{tmp_path / 'gone.jsonl'}: not found"):
+        load_task(_task("gsm8k", tmp_path / "gone.jsonl"))
+    (tmp_path / "notads").mkdir()
+    with pytest.raises(ContractError, match=r"notads: not a `datasets.save_to_disk` directory"):
+        load_task(_task("gsm8k", tmp_path / "notads"))
     surrogate = tmp_path / "surrogate.jsonl"
     surrogate.write_text('{"question": "x \\ud800 y", "answer": "#### 5"}\n')
     with pytest.raises(ContractError, match=r"line 1\): field 'question': .*holds a lone surrogate '\\ud800'"):
