@@ -188,10 +188,13 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_cli_errors_are_one_line_exit_2(model_dir, tmp_path):
+def test_cli_errors_are_one_line_exit_2(model_dir, tmp_path, capsys):
+    from trainer.__main__ import main
+
     for bad in ("0", "-64"):
-        out = _cli(model_dir, "--out", tmp_path / "o", "--vocab-multiple", bad)
-        assert out.returncode == 2 and "--vocab-multiple: must be a positive integer" in out.stderr
+        with pytest.raises(SystemExit) as e:
+            main(["import-hf", str(model_dir), "--out", str(tmp_path / "o"), "--vocab-multiple", bad])
+        assert e.value.code == 2 and "--vocab-multiple: must be a positive integer" in capsys.readouterr().err
     f = model_dir / "model.safetensors"
     f.write_bytes(f.read_bytes()[:100])
     out = _cli(model_dir, "--out", tmp_path / "o")
