@@ -21,10 +21,11 @@ from pathlib import Path
 
 from common import atomic
 from common.config import load_config, load_yaml, validate
+from common.errors import ContractError
 from proxy_eval import fits
 from proxy_eval.contracts import PcaFile, SuiteResults, TrackFile
 from proxy_eval.decide import suggest_from_plan
-from proxy_eval.evaluate import evaluate_suite
+from proxy_eval.evaluate import evaluate_suite, load_suite
 from proxy_eval.loading import open_scorer
 from proxy_eval.merge import best_per_point, track_run
 from proxy_eval.pca import biplot, capability_pca
@@ -66,9 +67,12 @@ def cmd_run_slice(args) -> int:
 
 def cmd_eval(args) -> int:
     suite = load_config(SuiteConfig, args.suite, args.overrides)
+    if args.skip_bad_records:
+        suite = suite.model_copy(update={"tasks": [t.model_copy(update={"bad_records": "skip"}) for t in suite.tasks]})
+    tasks = load_suite(suite)               # bad benchmark records stop here, before a model loads
     scorer = open_scorer(args.model, tokenizer=args.tokenizer, device=args.device, name=args.name,
                          max_length=suite.max_length)
-    result = evaluate_suite(scorer, suite, batch_size=args.batch_size)
+    result = evaluate_suite(scorer, suite, tasks, batch_size=args.batch_size)
     result.write(args.out)
     for r in result.results:
         print(f"{r.task:<24} {r.group:<10} {r.metric:<14} {r.value:.4f} ± {r.stderr:.4f}  (n={r.n})")
@@ -225,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="leave out records that do not fit their layout (counted in results.json) instead of "
+                        "stopping at the first")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_eval)
 
@@ -278,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_track)
 
     args = ap.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ContractError as e:          # bad input, not a bug: one line, exit 2
+        print(f"python -m proxy_eval: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -161,6 +161,8 @@ def evaluate_task(model: ScoringModel, task: LoadedTask, batch_size: int = 8, gr
     result = _RUNNERS[task.config.format](model, task, batch_size)
     if group is not None:
         result.group = group
+    if task.skipped:
+        result.detail["skipped_records"] = len(task.skipped)
     result.elapsed_s = time.perf_counter() - t0
     return result
 

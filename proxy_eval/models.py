@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
@@ -127,6 +128,18 @@ class ScoringModel(Protocol):
                  batch_size: int = 8) -> list[str]: ...
 
 
+_SPACE = re.compile(r"\s")
+TAIL_SLACK = 16        # tokens a text's tail keeps beyond the window, so its cut edge stays outside it
+TAIL_CHARS = 8         # first guess of characters per token when cutting a tail (doubled until enough)
+
+
+def _cut_at_space(text: str, start: int) -> int:
+    """The first whitespace at or after `start` (within 4096 characters), else `start`: a cut
+    there keeps the pre-tokenizer's words whole."""
+    m = _SPACE.search(text, start, min(len(text), start + 4096))
+    return m.start() if m else start
+
+
 def _split_context(context: str, continuation: str) -> tuple[str, str]:
     """Move trailing whitespace of the context onto the continuation (" Paris", not "Paris" after
     "is "), as lm-evaluation-harness does, so both tokenize the way running text would."""
@@ -176,6 +189,19 @@ class CausalLMScorer(abc.ABC):
             return self.tokenizer.encode(text, add_special_tokens=True)
         return self.tokenizer.encode(text)
 
+    def _tail(self, text: str, keep: int) -> str:
+        """A suffix of `text` whose tokens end as the whole text's do over at least `keep` tokens:
+        only the last `max_length` tokens of a context reach the model, so a long context is
+        tokenized from a tail, cut at whitespace, of at least `keep` + TAIL_SLACK tokens (grown
+        until it has them) instead of whole: a 10 MB question then costs what a window does."""
+        n = TAIL_CHARS * (keep + TAIL_SLACK)
+        while n < len(text):
+            tail = text[_cut_at_space(text, len(text) - n):]
+            if len(self._encode(tail)) >= keep + TAIL_SLACK:
+                return tail
+            n *= 4
+        return text
+
     def _context_prefix(self) -> list[int]:
         return [self.prefix_token_id] if self.prefix_contexts else []
 
@@ -186,6 +212,7 @@ class CausalLMScorer(abc.ABC):
         context, continuation = _split_context(context, continuation)
         if not continuation:
             raise ValueError(f"empty continuation for context {context[-60:]!r}")
+        context = self._tail(context, self.max_length + 1)
         whole = self._encode(context + continuation)
         ctx = self._encode(context)
         return self._context_prefix() + ctx, whole[len(ctx):]
@@ -274,8 +301,8 @@ class CausalLMScorer(abc.ABC):
         """Greedy decoding, cut at the first stop string or the end-of-text token. Each step runs the
         whole right-padded batch (no KV cache), so every sequence sees exactly its own tokens."""
         budget = max(1, self.max_length - max_new_tokens)
-        encoded = [((self._context_prefix() + self._encode(p)) if p else [self.prefix_token_id])[-budget:]
-                   for p in prompts]
+        encoded = [((self._context_prefix() + self._encode(self._tail(p, budget))) if p else [self.prefix_token_id])
+                   [-budget:] for p in prompts]
         outputs: list[str] = [""] * len(prompts)
         for idx in self._batched_order([len(e) for e in encoded], batch_size):
             seqs = {i: list(encoded[i]) for i in idx}

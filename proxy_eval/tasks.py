@@ -27,19 +27,25 @@ import io
 import random
 import re
 import string
+import zlib
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import IO, Any, Callable, Iterator, Literal
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from common.config import StrictModel, iter_jsonl
 from common.errors import ContractError
+from common.log import get_logger
+from proxy_eval import layouts as L
 from proxy_eval.extract import gsm8k_gold, last_boxed
+from proxy_eval.layouts import RecordError
 
 Format = Literal["multiple_choice", "generate", "code", "bits_per_byte"]
+log = get_logger(__name__)
 LETTERS = string.ascii_uppercase
 
 
@@ -67,6 +73,9 @@ class TaskConfig(StrictModel):
     # sampler, what its MMLU, CMMLU and C-Eval tasks use on their dev split)
     fewshot_sampler: Literal["seeded", "first_n"] = "seeded"
     limit: int | None = None           # evaluate the first N documents (after few-shot removal)
+    # a record that does not fit its layout: `error` names file, record and field; `skip` leaves it
+    # out, counted in the results (`detail.skipped_records`) and logged
+    bad_records: Literal["error", "skip"] = "error"
     # multiple choice
     # default: the preset's (both for the cloze-able harness tasks; cloze alone where the harness
     # prompt already lists lettered options, as `mmlu`, or for partial scoring, as `winogrande`)
@@ -138,16 +147,54 @@ class SuiteConfig(StrictModel):
 
 # ---- reading records -------------------------------------------------------------------------
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_binary(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+        return gzip.open(path, "rb")
     if path.suffix == ".zst":
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
+
+
+def _text_lines(fh: IO[bytes], path: Path) -> Iterator[str]:
+    """Each line as text; a byte that is not UTF-8 names the file, the line and the byte (a UTF-16
+    file is told by its byte-order mark); a UTF-8 byte-order mark is dropped."""
+    for i, raw in enumerate(fh, 1):
+        if i == 1:
+            if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise ContractError(path, "is UTF-16 text (byte-order mark); convert it to UTF-8")
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ContractError(f"{path}:{i}", f"not UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                                "line; convert the file to UTF-8") from None
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    if not path.is_file():
+        raise ContractError(path, "not found")
+    records: list[tuple[str, dict[str, Any]]] = []
+    try:
+        with _open_binary(path) as fh:
+            for line, rec in iter_jsonl(_text_lines(fh, path), path, where="{path}:{line}"):
+                if not isinstance(rec, dict):
+                    raise ContractError(f"{path}:{line}", "expected a JSON object per line")
+                records.append((f"{path} record {len(records)} (line {line})", rec))
+    except (EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
+        done = f"after record {len(records) - 1}" if records else "before the first record"
+        raise ContractError(path, f"cannot be read {done}: {str(e) or type(e).__name__} (a cut or damaged "
+                            "file?)") from None
+    return records
 
 
 def read_records(source: DataSource) -> list[dict[str, Any]]:
     """Raw records in file order. Malformed jsonl lines fail loudly with file and line."""
+    return [rec for _, rec in read_located_records(source)]
+
+
+def read_located_records(source: DataSource) -> list[tuple[str, dict[str, Any]]]:
+    """(where, raw record) in file order: `where` names the file and the record (and its line in
+    a jsonl file). Unreadable files, bytes and lines fail naming the file (and line)."""
     path = Path(source.path)
     kind = source.kind
     if kind == "auto":
@@ -165,17 +212,19 @@ def read_records(source: DataSource) -> list[dict[str, Any]]:
                                 "datasets directory); set source.kind")
     records: list[dict[str, Any]]
     if kind == "jsonl":
-        records = []
-        with _open_text(path) as fh:
-            for i, rec in iter_jsonl(fh, path, where="{path}:{line}"):
-                if not isinstance(rec, dict):
-                    raise ContractError(f"{path}:{i}", "expected a JSON object per line")
-                records.append(rec)
-    elif kind == "parquet":
-        records = pq.read_table(path).to_pylist()
+        located = _read_jsonl(path)
+        return located[:source.limit] if source.limit is not None else located
+    if kind == "parquet":
+        try:
+            records = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise ContractError(path, f"not a readable parquet file ({e})") from None
     else:
         if kind == "hf_disk":
-            ds = datasets.load_from_disk(str(path))
+            try:
+                ds = datasets.load_from_disk(str(path))
+            except (FileNotFoundError, ValueError) as e:
+                raise ContractError(path, f"not a `datasets.save_to_disk` directory ({e})") from None
         else:
             ds = datasets.load_dataset(source.path, source.name, split=source.split)
         if isinstance(ds, datasets.DatasetDict):
@@ -185,7 +234,7 @@ def read_records(source: DataSource) -> list[dict[str, Any]]:
         records = [dict(r) for r in ds]
     if source.limit is not None:
         records = records[:source.limit]
-    return records
+    return [(f"{path} record {i}", rec) for i, rec in enumerate(records)]
 
 
 # ---- presets: raw record -> canonical document --------------------------------------------------
@@ -222,27 +271,27 @@ def _get(rec: dict[str, Any], fields: dict[str, str], key: str, default: Any = .
         else:
             if default is not ...:
                 return default
-            raise KeyError(f"record has no field {raw!r} (for {key!r}); fields: {sorted(rec)}")
+            raise RecordError(raw, f"missing (for {key!r}; the record has {sorted(rec)[:12]})")
     return node
 
 
-def _gold_index(gold: Any, choices: list[str], labels: list[str] | None = None, base: int = 0) -> int:
-    """A gold answer as a 0-based choice index: a label from `labels`, a digit string or int
-    (`base` 1 for 1-based layouts such as SIQA's), a letter, or the choice text itself."""
-    if isinstance(gold, bool):
-        return int(gold)
-    if isinstance(gold, int):
-        return gold - base
+def _gold_index(gold: Any, choices: list[str], field: str = "gold", base: int = 0) -> int:
+    """A canonical record's gold answer as a 0-based choice index: an int or digit string (`base`
+    1 for 1-based layouts such as SIQA's), a letter, or the choice text itself; never a boolean."""
+    if isinstance(gold, bool) or not isinstance(gold, (int, str)):
+        raise RecordError(field, f"expected a choice index, letter or text, found {L.kind_of(gold)}")
     g = str(gold).strip()
-    if labels and g in labels:
-        return labels.index(g)
-    if g.isdigit():
-        return int(g) - base
-    if len(g) == 1 and g.upper() in LETTERS[:len(choices)]:
-        return LETTERS.index(g.upper())
-    if g in choices:
-        return choices.index(g)
-    raise ValueError(f"cannot map gold answer {gold!r} onto {len(choices)} choices")
+    if g.lstrip("-").isdigit():
+        i = int(g) - base
+    elif len(g) == 1 and g.upper() in LETTERS[:len(choices)]:
+        i = LETTERS.index(g.upper())
+    elif g in choices:
+        i = choices.index(g)
+    else:
+        raise RecordError(field, f"cannot map gold answer {gold!r:.40} onto {len(choices)} choices")
+    if not 0 <= i < len(choices):
+        raise RecordError(field, f"gold {gold!r} is outside the {len(choices)} choices")
+    return i
 
 
 def _canonical(rec: dict[str, Any], fields: dict[str, str], base: int = 0) -> dict[str, Any]:
@@ -252,9 +301,11 @@ def _canonical(rec: dict[str, Any], fields: dict[str, str], base: int = 0) -> di
         if val is not None:
             out[key] = val
     if "choices" in out:
-        out["choices"] = [str(c) for c in out["choices"]]
-        out["gold"] = _gold_index(out.get("gold"), out["choices"], base=base)
+        out["choices"] = L.text_list(rec, fields.get("choices", "choices"), value=out["choices"])
+        out["gold"] = _gold_index(out.get("gold"), out["choices"], fields.get("gold", "gold"), base=base)
     if "answer" in out:
+        if isinstance(out["answer"], (dict, list, bool)):
+            raise RecordError(fields.get("answer", "answer"), f"expected text, found {L.kind_of(out['answer'])}")
         out["answer"] = str(out["answer"])
         out.setdefault("solution", out["answer"])
     return out
@@ -270,9 +321,14 @@ def letter_options(choices: list[str], indent: str = " ") -> str:
 
 
 def _arc(rec, fields):
-    choices = [str(c) for c in rec["choices"]["text"]]
-    return {"query": rec["question"], "choices": choices,
-            "gold": _gold_index(rec["answerKey"], choices, [str(x) for x in rec["choices"]["label"]])}
+    block = L.field(rec, "choices")
+    if not isinstance(block, dict):
+        raise RecordError("choices", f"expected an object with text and label lists, found {L.kind_of(block)}")
+    choices = L.text_list(block, "choices.text", value=block.get("text"))
+    labels = L.text_list(block, "choices.label", value=block.get("label"), at_least=len(choices))
+    if len(labels) != len(choices):
+        raise RecordError("choices.label", f"{len(labels)} labels for {len(choices)} choices")
+    return {"query": L.text(rec, "question"), "choices": choices, "gold": L.label(rec, "answerKey", labels)}
 
 
 def hellaswag_preprocess(text: str) -> str:
@@ -283,51 +339,79 @@ def hellaswag_preprocess(text: str) -> str:
     return text.replace("  ", " ")
 
 
+def _string(rec, key: str, default: str = "") -> str:
+    """An optional string field (may be empty); null or absent is `default`."""
+    value = rec.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise RecordError(key, f"expected a string, found {L.kind_of(value)}")
+    return value
+
+
 def _hellaswag(rec, fields):
-    ctx = rec["ctx_a"] + " " + rec["ctx_b"].capitalize() if "ctx_a" in rec else rec["ctx"]
-    if rec.get("activity_label"):
+    if "ctx_a" in rec:
+        ctx = L.text(rec, "ctx_a") + " " + _string(rec, "ctx_b").capitalize()
+    else:
+        ctx = L.text(rec, "ctx")
+    if _string(rec, "activity_label"):
         ctx = rec["activity_label"] + ": " + ctx
-    return {"query": hellaswag_preprocess(ctx), "choices": [hellaswag_preprocess(str(e)) for e in rec["endings"]],
-            "gold": int(rec["label"])}
+    endings = L.text_list(rec, "endings")
+    return {"query": hellaswag_preprocess(ctx), "choices": [hellaswag_preprocess(e) for e in endings],
+            "gold": L.index(rec, "label", len(endings), digit_string=True)}
 
 
 def _piqa(rec, fields):
-    return {"query": rec["goal"], "choices": [rec["sol1"], rec["sol2"]], "gold": int(rec["label"])}
+    return {"query": L.text(rec, "goal"), "choices": [L.text(rec, "sol1"), L.text(rec, "sol2")],
+            "gold": L.index(rec, "label", 2)}
 
 
 def _siqa(rec, fields):
     """Social IQa (`lighteval/siqa`, lm-eval `social_iqa`): labels are 1-based ("1".."3")."""
-    choices = [rec["answerA"], rec["answerB"], rec["answerC"]]
-    return {"query": f"{rec['context']} {rec['question']}", "choices": choices,
-            "gold": _gold_index(rec["label"], choices, base=1)}
+    choices = [L.text(rec, k) for k in ("answerA", "answerB", "answerC")]
+    return {"query": f"{L.text(rec, 'context')} {L.text(rec, 'question')}", "choices": choices,
+            "gold": L.index(rec, "label", 3, base=1, digit_string=True)}
 
 
 def _winogrande(rec, fields):
     """WinoGrande partial scoring (lm-eval `winogrande`): each option fills the blank and is its own
     context; the shared continuation is the sentence after the blank."""
-    sentence = rec["sentence"]
-    i = sentence.index("_")
-    contexts = [sentence[:i] + rec["option1"], sentence[:i] + rec["option2"]]
+    sentence = L.text(rec, "sentence")
+    i = sentence.find("_")
+    if i < 0:
+        raise RecordError("sentence", "has no '_' blank for the options to fill")
+    contexts = [sentence[:i] + L.text(rec, "option1"), sentence[:i] + L.text(rec, "option2")]
     return {"query": sentence, "choices": contexts, "continuation": sentence[i + 1:].strip(),
-            "gold": {"1": 0, "2": 1}[str(rec["answer"])]}
+            "gold": L.label(rec, "answer", ["1", "2"])}
 
 
 def _boolq(rec, fields):
     """BoolQ in the `super_glue/boolq` layout (`label` 0 = no, 1 = yes, what lm-eval reads) or
     google/boolq's (`answer` true/false)."""
-    gold = rec["label"] if "label" in rec else rec["answer"]
-    return {"query": f"{rec['passage']}\nQuestion: {rec['question']}?", "choices": ["no", "yes"],
-            "gold": int(gold) if not isinstance(gold, bool) else int(gold)}
+    if "label" in rec:
+        gold = L.index(rec, "label", 2)
+    elif isinstance(L.field(rec, "answer"), bool):
+        gold = int(rec["answer"])
+    else:
+        raise RecordError("answer", f"expected true or false, found {L.kind_of(rec['answer'])}")
+    return {"query": f"{L.text(rec, 'passage')}\nQuestion: {L.text(rec, 'question')}?", "choices": ["no", "yes"],
+            "gold": gold}
 
 
 def _subject(rec) -> str:
     return str(rec.get("subject", "")).replace("_", " ")
 
 
+def _mmlu_fields(rec) -> tuple[str, list[str], int]:
+    """MMLU's layout (`cais/mmlu`): question, a list of choices, answer as the 0-based index."""
+    choices = L.text_list(rec, "choices")
+    return L.text(rec, "question").strip(), choices, L.index(rec, "answer", len(choices))
+
+
 def _mmlu_continuation(rec, fields):
     """lm-eval `mmlu_<subject>_continuation`: cloze over the choice texts, with the subject line."""
-    choices = [str(c) for c in rec["choices"]]
-    out = {"query": rec["question"].strip(), "choices": choices, "gold": _gold_index(rec["answer"], choices)}
+    query, choices, gold = _mmlu_fields(rec)
+    out = {"query": query, "choices": choices, "gold": gold}
     if rec.get("subject"):
         out["description"] = f"The following are questions (with answers) about {_subject(rec)}.\n\n"
     return out
@@ -335,10 +419,9 @@ def _mmlu_continuation(rec, fields):
 
 def _mmlu(rec, fields):
     """lm-eval `mmlu_<subject>`: the options listed in the prompt, the letters A-D as the choices."""
-    texts = [str(c) for c in rec["choices"]]
-    letters = list(LETTERS[:len(texts)])
-    out = {"query": rec["question"].strip(), "options": letter_options(texts, indent=""), "choices": letters,
-           "gold": _gold_index(rec["answer"], texts)}
+    query, texts, gold = _mmlu_fields(rec)
+    out = {"query": query, "options": letter_options(texts, indent=""), "choices": list(LETTERS[:len(texts)]),
+           "gold": gold}
     if rec.get("subject"):
         out["description"] = f"The following are multiple choice questions (with answers) about {_subject(rec)}.\n\n"
     return out
@@ -346,20 +429,22 @@ def _mmlu(rec, fields):
 
 def _lettered_zh(question: str, answer: str):
     def convert(rec, fields):
-        texts = [str(rec[k]) for k in "ABCD"]
-        return {"query": str(rec[question]).strip(), "options": letter_options(texts, indent=""),
-                "choices": list("ABCD"), "gold": "ABCD".index(str(rec[answer]).strip())}
+        texts = [L.text_or_number(rec, k) for k in "ABCD"]
+        return {"query": L.text(rec, question).strip(), "options": letter_options(texts, indent=""),
+                "choices": list("ABCD"), "gold": L.label(rec, answer, list("ABCD"))}
     return convert
 
 
 def _mmlu_pro(rec, fields):
     """lm-eval `mmlu_pro_<category>` (generative, chain of thought): `format_cot_example` of the
     harness's utils.py; the answer is the letter after "the answer is"."""
-    opts = "".join(f"{LETTERS[i]}. {o.strip()}\n" for i, o in enumerate(rec["options"][:10]))
-    cot = str(rec.get("cot_content") or "").replace("A: Let's think step by step. ", "")
-    out = {"question": "Question:\n" + rec["question"] + "\nOptions:\n" + opts + "Answer: Let's think step by step.",
-           "answer": str(rec["answer"]), "solution": cot}
-    if rec.get("category"):
+    options = L.text_list(rec, "options")[:10]
+    opts = "".join(f"{LETTERS[i]}. {o.strip()}\n" for i, o in enumerate(options))
+    cot = _string(rec, "cot_content").replace("A: Let's think step by step. ", "")
+    answer = LETTERS[L.label(rec, "answer", list(LETTERS[:len(options)]))]
+    out = {"question": "Question:\n" + L.text(rec, "question") + "\nOptions:\n" + opts
+           + "Answer: Let's think step by step.", "answer": answer, "solution": cot}
+    if _string(rec, "category"):
         out["description"] = (f"The following are multiple choice questions (with answers) about {rec['category']}. "
                               "Think step by step and then finish your answer with \"the answer is (X)\" where X is "
                               "the correct letter choice.\n")
@@ -367,35 +452,50 @@ def _mmlu_pro(rec, fields):
 
 
 def _bbh(rec, fields):
-    return {"question": rec["input"], "answer": str(rec["target"]), "solution": str(rec["target"])}
+    target = L.text(rec, "target")
+    return {"question": L.text(rec, "input"), "answer": target, "solution": target}
 
 
 def _gsm8k(rec, fields):
-    return {"question": rec["question"], "answer": gsm8k_gold(rec["answer"]), "solution": rec["answer"]}
+    solution = L.text(rec, "answer")
+    if "####" not in solution or not gsm8k_gold(solution).strip():
+        raise RecordError("answer", "has no '#### <answer>' line, the GSM8K layout's final answer")
+    return {"question": L.text(rec, "question"), "answer": gsm8k_gold(solution), "solution": solution}
 
 
 def _math(rec, fields):
-    answer = last_boxed(rec["solution"]) or rec.get("answer", "")
-    return {"question": rec["problem"], "answer": str(answer), "solution": rec["solution"]}
+    solution = L.text(rec, "solution")
+    boxed = last_boxed(solution)
+    if boxed and boxed.strip():
+        answer = boxed
+    elif rec.get("answer") is not None:
+        answer = L.text_or_number(rec, "answer")
+    else:
+        raise RecordError("solution", "has neither a \\boxed{...} answer nor an `answer` field")
+    return {"question": L.text(rec, "problem"), "answer": answer, "solution": solution}
 
 
 def _humaneval(rec, fields):
-    return {"prompt": rec["prompt"], "test": rec["test"] + f"\n\ncheck({rec['entry_point']})\n",
-            "entry_point": rec["entry_point"], "solution": rec.get("canonical_solution", "")}
+    entry = L.text(rec, "entry_point")
+    return {"prompt": L.text(rec, "prompt"), "test": L.text(rec, "test") + f"\n\ncheck({entry})\n",
+            "entry_point": entry, "solution": _string(rec, "canonical_solution")}
 
 
 def _mbpp(rec, fields):
-    text = rec.get("prompt") or rec["text"]
-    tests = list(rec["test_list"])
-    imports = list(rec.get("test_imports") or [])
+    text = L.text(rec, "prompt") if rec.get("prompt") is not None else L.text(rec, "text")
+    tests = L.text_list(rec, "test_list", at_least=1)
+    imports = L.text_list(rec, "test_imports", at_least=0) if rec.get("test_imports") is not None else []
     prompt = (f"You are an expert Python programmer, and here is your task: {text} "
               f"Your code should pass these tests:\n\n" + "\n".join(tests) + "\n[BEGIN]\n")
     return {"prompt": prompt, "test": "\n".join(imports + tests) + "\n", "entry_point": None,
-            "solution": rec.get("code", "")}
+            "solution": _string(rec, "code")}
 
 
 def _text(rec, fields):
-    return {"text": str(_get(rec, fields, "text"))}
+    value = _get(rec, fields, "text")
+    if not isinstance(value, str):
+        raise RecordError(fields.get("text", "text"), f"expected text, found {L.kind_of(value)}")
+    return {"text": L.check_text(fields.get("text", "text"), value)}
 
 
 _CLOZE = ["cloze"]
@@ -440,23 +540,47 @@ _REQUIRED = {"multiple_choice": ("query", "choices", "gold"), "generate": ("ques
              "code": ("prompt", "test"), "bits_per_byte": ("text",)}
 
 
-def to_documents(task: TaskConfig, records: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+def check_document(doc: dict[str, Any], fmt: str) -> None:
+    """A converted document against its format: the required fields there, texts non-empty and
+    encodable, at least two choices, the gold index among them."""
+    missing = [k for k in _REQUIRED[fmt] if k not in doc]
+    if missing:
+        raise RecordError(missing[0], f"the {fmt} format needs fields {missing} (map them with `fields`)")
+    for key, value in doc.items():
+        if key in _REQUIRED[fmt] and key not in ("choices", "gold"):
+            if not isinstance(value, str):
+                raise RecordError(key, f"expected text, found {L.kind_of(value)}")
+            L.check_text(key, value)
+        elif isinstance(value, str) and value:
+            L.check_text(key, value)
+    if fmt == "multiple_choice":
+        L.text_list(doc, "choices")
+        gold = doc["gold"]
+        if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(doc["choices"]):
+            raise RecordError("gold", f"gold index {gold!r} outside {len(doc['choices'])} choices")
+
+
+def to_documents(task: TaskConfig, located: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each record converted by the task's preset and checked against its layout and format:
+    (documents, skipped). A bad record is an error naming the file, record and field, or, with
+    `bad_records: skip`, left out and described in `skipped`."""
     preset = PRESETS[task.preset]
-    docs = []
-    for i, rec in enumerate(records):
+    docs, skipped = [], []
+    for i, (where, rec) in enumerate(located):
         try:
             doc = preset.convert(rec, task.fields)
+            check_document(doc, task.format)
+        except RecordError as e:
+            error = ContractError(where, f"task {task.name!r} (preset {task.preset}): {e}", field=e.field)
+            if task.bad_records == "error":
+                raise error from None
+            skipped.append(str(error))
+            continue
         except (KeyError, ValueError, TypeError) as e:
-            raise ContractError(f"{where} record {i}", f"task {task.name!r} (preset {task.preset}): {e}") from None
-        missing = [k for k in _REQUIRED[task.format] if k not in doc]
-        if missing:
-            raise ContractError(f"{where} record {i}", f"task {task.name!r} needs fields {missing} "
-                                f"(map them with `fields`); record has {sorted(rec)}")
-        if task.format == "multiple_choice" and not (0 <= doc["gold"] < len(doc["choices"])):
-            raise ContractError(f"{where} record {i}", f"gold index {doc['gold']} outside {len(doc['choices'])} choices")
+            raise ContractError(where, f"task {task.name!r} (preset {task.preset}): {e}") from None
         doc["doc_id"] = i
         docs.append(doc)
-    return docs
+    return docs, skipped
 
 
 class LoadedTask(BaseModel):
@@ -466,6 +590,7 @@ class LoadedTask(BaseModel):
     config: TaskConfig
     docs: list[dict[str, Any]]
     fewshot: list[dict[str, Any]]
+    skipped: list[str] = Field(default_factory=list)     # bad records left out (`bad_records: skip`)
 
     @property
     def preset(self) -> Preset:
@@ -494,13 +619,14 @@ class LoadedTask(BaseModel):
 def load_task(task: TaskConfig) -> LoadedTask:
     """Documents plus a fixed, seeded set of few-shot examples. When the examples come from the
     task's own documents they are removed from the evaluation set."""
-    docs = to_documents(task, read_records(task.source), task.source.path)
+    docs, skipped = to_documents(task, read_located_records(task.source))
     fewshot: list[dict[str, Any]] = []
     if task.num_fewshot > 0:
         rng = random.Random(task.fewshot_seed)
         first_n = task.fewshot_sampler == "first_n"
         if task.fewshot_source is not None:
-            pool = to_documents(task, read_records(task.fewshot_source), task.fewshot_source.path)
+            pool, skipped_shots = to_documents(task, read_located_records(task.fewshot_source))
+            skipped += skipped_shots
             k = min(task.num_fewshot, len(pool))
             fewshot = pool[:k] if first_n else rng.sample(pool, k)
         else:
@@ -512,8 +638,11 @@ def load_task(task: TaskConfig) -> LoadedTask:
     if task.limit is not None:
         docs = docs[:task.limit]
     if not docs:
-        raise ContractError(task.source.path, f"task {task.name!r} has no documents to evaluate")
-    return LoadedTask(config=task, docs=docs, fewshot=fewshot)
+        raise ContractError(task.source.path, f"task {task.name!r} has no documents to evaluate"
+                            + (f" ({len(skipped)} bad records skipped)" if skipped else ""))
+    if skipped:
+        log.warning("task %s: skipped %d bad records; the first: %s", task.name, len(skipped), skipped[0])
+    return LoadedTask(config=task, docs=docs, fewshot=fewshot, skipped=skipped)
 
 
 # ---- prompts ---------------------------------------------------------------------------------

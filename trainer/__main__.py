@@ -4,7 +4,7 @@
                                                       (also under torchrun)
   average   --checkpoints DIR --out DIR [--n 6 --spacing 100]   CMA: average the last n checkpoints
   export    --checkpoint DIR --out DIR [--tokenizer PATH]       Hugging Face Qwen3ForCausalLM directory
-  import-hf DIR --out CKPT [--vocab-multiple N]                 a Hugging Face Qwen3 model as a checkpoint
+  import-hf DIR --out CKPT [--vocab-multiple N] [--accept X,...] a Hugging Face Qwen3 model as a checkpoint
   schedule  [--config run.yaml | --kinds ...] --out lr.png      plot learning-rate schedules
   params    --preset 1.7b [--vocab N]                            parameter counts and MuonH routing
 """
@@ -17,6 +17,8 @@ import os
 import sys
 
 import torch
+
+from common.errors import ContractError
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -58,7 +60,7 @@ def cmd_export(args) -> int:
 def cmd_import_hf(args) -> int:
     from trainer.hf import import_hf
 
-    out = import_hf(args.directory, args.out, vocab_multiple=args.vocab_multiple)
+    out = import_hf(args.directory, args.out, vocab_multiple=args.vocab_multiple, accept=args.accept)
     print(json.dumps({"checkpoint": str(out)}))
     return 0
 
@@ -85,6 +87,13 @@ def cmd_params(args) -> int:
     counts["by_role"] = {role: sum(p.numel() for _, p in items) for role, items in routed.items()}
     print(json.dumps({"preset": args.preset, **counts}, indent=2))
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("import-hf", help="a Hugging Face Qwen3 model directory as a trainer checkpoint")
     p.add_argument("directory", help="a Qwen3ForCausalLM directory (config.json, model.safetensors), tied or untied")
     p.add_argument("--out", required=True, help="checkpoints dir: writes OUT/step_00000000 (use as init_from.path)")
-    p.add_argument("--vocab-multiple", type=int, default=None, help="pad the vocabulary to a multiple (e.g. 128)")
+    p.add_argument("--vocab-multiple", type=_positive_int, default=None,
+                   help="pad the vocabulary to a multiple (e.g. 128)")
+    p.add_argument("--accept", action="extend", default=[], metavar="X[,X...]",
+                   type=lambda v: [k for k in v.split(",") if k],
+                   help="import although the model cannot express it: rope_scaling (plain RoPE), sliding_window "
+                        "(full attention), tie_word_embeddings (lm_head from the embedding), nonfinite (NaN/Inf kept)")
     p.set_defaults(fn=cmd_import_hf)
 
     p = sub.add_parser("schedule", help="plot learning-rate schedules")
@@ -140,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.command == "average" and not (args.checkpoints or args.sources):
         ap.error("average needs --checkpoints or --sources")
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ContractError as e:          # bad input, not a bug: one line, exit 2
+        print(f"python -m trainer: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -110,12 +110,17 @@ class LogSection(StrictModel):
     tensorboard: bool = False
 
 
+# what a Hugging Face import may knowingly drop or take as it is (trainer.hf says how)
+HfAcceptable = Literal["rope_scaling", "sliding_window", "tie_word_embeddings", "nonfinite"]
+
+
 class InitFrom(StrictModel):
     """Start from another run's checkpoint (phase 2 from phase 1, CDC from CD at resume_step), or
     from a Hugging Face Qwen3 directory (`hf:`, imported by `trainer.hf`). The optimizer state's
     tensors (moments, MuonH radii) come along; its settings are this config's."""
     path: str | None = None                   # checkpoint dir, or a checkpoints dir / run dir (latest)
     hf: str | None = None                     # a Hugging Face Qwen3 model directory (no optimizer state)
+    accept: list[HfAcceptable] = Field(default_factory=list)   # what the hf import may knowingly drop
     load_optimizer: bool = True
     continue_data: bool = False               # keep reading the same stream from its cursor
     reset_step: bool = False                  # count steps from 0 instead of continuing the counter

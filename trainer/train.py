@@ -427,7 +427,8 @@ def resolve_start(cfg: RunConfig, ckpt_dir: Path, allow_config_change: tuple[str
             d = ckpt.resolve_checkpoint(cfg.init_from.path)
         else:
             from trainer.hf import import_hf
-            d = import_hf(cfg.init_from.hf, Path(cfg.run_dir) / "init_hf", vocab_multiple=cfg.model.vocab_multiple)
+            d = import_hf(cfg.init_from.hf, storage.join(cfg.run_dir, "init_hf"),
+                          vocab_multiple=cfg.model.vocab_multiple, accept=cfg.init_from.accept)
         st = ckpt.read_state(d)
         start_step = 0 if cfg.init_from.reset_step else st.step
         next_lr = st.schedule.lr_base_next if st.schedule else None
