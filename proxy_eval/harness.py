@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
@@ -54,7 +55,7 @@ def generation_settings(gen_kwargs: dict, eos_text: str | None, default_max: int
 @register_model("purokit")
 class PurokitLM(LM):
     """`--model_args checkpoint=DIR[,tokenizer=PATH,max_length=N,prefix_contexts=True,max_gen_toks=N]`;
-    `--batch_size` and `--device` as for any harness model."""
+    `--batch_size` and `--device` (default: cuda where there is one) as for any harness model."""
 
     def __init__(self, checkpoint: str | None = None, pretrained: str | None = None, tokenizer: str | None = None,
                  device: str | None = None, batch_size: Any = DEFAULT_BATCH_SIZE, max_length: int | None = None,
@@ -63,7 +64,8 @@ class PurokitLM(LM):
         path = checkpoint or pretrained
         if not path:
             raise ValueError("purokit needs --model_args checkpoint=DIR (a trainer checkpoint or an HF model directory)")
-        self.scorer: CausalLMScorer = open_scorer(path, tokenizer=tokenizer, device=device or "cpu",
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.scorer: CausalLMScorer = open_scorer(path, tokenizer=tokenizer, device=device,
                                                   max_length=max_length, prefix_contexts=bool(prefix_contexts))
         self.batch_size = parse_batch_size(batch_size)
         self.max_gen_toks = int(max_gen_toks)

@@ -159,3 +159,20 @@ def test_batch_size_and_generation_settings_read_as_the_harness_writes_them():
     assert generation_settings({}, "<eos>", 32) == (("<eos>",), 32)
     with pytest.raises(ValueError, match="greedily"):
         generation_settings({"do_sample": True, "temperature": 0.7}, None, 256)
+
+
+def test_entry_points_are_registered_beside_the_builtin_models_once():
+    """What the .pth hook does to a registry that does not scan plugin groups (lm-eval 0.4.13)."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.registry import Registry
+
+    from proxy_eval import lm_eval_plugin
+
+    registry = SimpleNamespace(model_registry=Registry("model"))
+    assert lm_eval_plugin.register_entry_points(registry) == ["purokit"]
+    assert registry.model_registry.get("purokit") is PurokitLM     # the placeholder resolves to the class
+    assert lm_eval_plugin.register_entry_points(registry) == []    # known names are left alone
+    scanning = SimpleNamespace(model_registry=Registry("model"), load_plugins=lambda *a: [])
+    assert lm_eval_plugin.register_entry_points(scanning) == []    # lm-eval that scans the group itself
+    assert "purokit" not in scanning.model_registry
