@@ -14,7 +14,7 @@ entry points at the moment the registry is imported (see there).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from lm_eval.api.model import LM
@@ -75,10 +75,11 @@ class PurokitLM(LM):
     def tokenizer_name(self) -> str:
         return getattr(self.scorer.tokenizer, "name", "") or self.path
 
-    def _chunks(self, n: int, what: str) -> list[range]:
+    def _chunks(self, n: int, what: str) -> Iterable[range]:
+        """Index ranges of the requests, one progress step each as it is scored."""
         step = self.batch_size * CHUNK_BATCHES
-        return list(tqdm([range(i, min(n, i + step)) for i in range(0, n, step)], desc=f"purokit {what}",
-                         disable=n <= step))
+        return tqdm([range(i, min(n, i + step)) for i in range(0, n, step)], desc=f"purokit {what}",
+                    disable=n <= step)
 
     def loglikelihood(self, requests: Sequence[Any]) -> list[tuple[float, bool]]:
         pairs = [tuple(r.args) for r in requests]

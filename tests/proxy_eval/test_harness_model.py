@@ -176,3 +176,24 @@ def test_entry_points_are_registered_beside_the_builtin_models_once():
     scanning = SimpleNamespace(model_registry=Registry("model"), load_plugins=lambda *a: [])
     assert lm_eval_plugin.register_entry_points(scanning) == []    # lm-eval that scans the group itself
     assert "purokit" not in scanning.model_registry
+
+
+def test_requests_keep_their_order_across_chunks_and_generation_groups(exported_model, monkeypatch):
+    """Requests scored in chunks of one batch, and generations of two settings interleaved, come back
+    in request order with the scores of one unchunked call."""
+    from types import SimpleNamespace
+
+    import proxy_eval.harness as harness
+
+    lm = PurokitLM(checkpoint=str(exported_model), batch_size=2)
+    pairs = [(f"Question: {d['question']}\nAnswer:", " " + c) for d in MC_DOCS for c in d["choices"]]
+    whole = [(s.logprob, s.is_greedy) for s in lm.scorer.loglikelihood(pairs, batch_size=8)]
+    gens = [(d["prompt"], {"until": ["\n"], "max_gen_toks": 4}) for d in GEN_DOCS]
+    gens += [(d["prompt"], {"until": ["."], "max_gen_toks": 6}) for d in GEN_DOCS]
+    order = [0, 3, 1, 4, 2, 5]
+    expected = {}
+    for i, (prompt, kw) in enumerate(gens):
+        expected[i] = lm.scorer.generate([prompt], kw["max_gen_toks"], stop=tuple(kw["until"]) + ("<|endoftext|>",))[0]
+    monkeypatch.setattr(harness, "CHUNK_BATCHES", 1)
+    assert lm.loglikelihood([SimpleNamespace(args=p) for p in pairs]) == whole
+    assert lm.generate_until([SimpleNamespace(args=gens[i]) for i in order]) == [expected[i] for i in order]
