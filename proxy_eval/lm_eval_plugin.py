@@ -31,6 +31,8 @@ def register_entry_points(registry: ModuleType) -> list[str]:
     class when that class registers itself on import (`@register_model`)."""
     if hasattr(registry, "load_plugins"):          # this lm-eval scans plugin groups itself
         return []
+    if not hasattr(getattr(registry, "model_registry", None), "register"):
+        return []                                  # before lm-eval's lazy Registry (0.4.13): not supported
     # the built-in models first: lm-eval's get_model loads them only into an empty registry
     importlib.import_module("lm_eval.models")
 
