@@ -32,6 +32,7 @@ ELSEWHERE = {
     "python -m synth rl_difficulty": ("tests/synth/test_vllm_server.py", "rl_difficulty"),
     "python -m synth serve": ("tests/synth/test_vllm_server.py", '"serve", "vllm"'),
     "python -m synth.fakeserver --responder": ("tests/synth/test_readme_scripted.py", "def scripted_teacher"),
+    "shell lm_eval": ("tests/proxy_eval/test_harness_model.py", '"--model", "purokit"'),   # harness tasks: hub data
     **{f"python -m synth.domains {g}": ("tests/synth/domains/test_domains_cli.py", "def test_readme_commands_run")
        for g in ("text_to_sql", "tool_use", "tool_use_conversational", "code_concepts", "finance", "mcq")},
 }

@@ -59,3 +59,33 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tokenizer):
+    """A trainer checkpoint of the tiny preset (256-token context), its head sharpened so that
+    choices and greedy tokens are far apart."""
+    import torch
+
+    from trainer import checkpoint as ckpt
+    from trainer.model import build_model, preset_config
+
+    cfg = preset_config("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=256)
+    model = build_model(cfg, seed=5)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    root = tmp_path_factory.mktemp("tiny-run")
+    state = ckpt.CheckpointState(step=1, tokens_seen=1, model=cfg.model_dump(mode="json"))
+    weights = {k: v for k, v in model.state_dict().items() if not k.startswith("rope_")}
+    return ckpt.save_checkpoint(root / "checkpoints" / ckpt.step_dir_name(1), weights, None, state)
+
+
+@pytest.fixture(scope="session")
+def exported_model(tiny_checkpoint, tokenizer_dir):
+    """`tiny_checkpoint` exported to Hugging Face format (Qwen3ForCausalLM, float32)."""
+    import torch
+
+    from trainer.export import export_hf
+
+    return export_hf(tiny_checkpoint, tiny_checkpoint.parent.parent / "hf", tokenizer=tokenizer_dir / "tokenizer.json",
+                     dtype=torch.float32, eos_token="<|endoftext|>")

@@ -24,7 +24,6 @@ from pathlib import Path
 import datasets
 import lm_eval
 import pytest
-import torch
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.evaluator import evaluate as lm_evaluate
 from lm_eval.models.huggingface import HFLM
@@ -33,9 +32,6 @@ from lm_eval.tasks._yaml_loader import load_yaml
 from proxy_eval.evaluate import evaluate_task
 from proxy_eval.loading import open_scorer
 from proxy_eval.tasks import DataSource, TaskConfig, load_task
-from trainer import checkpoint as ckpt
-from trainer.export import export_hf
-from trainer.model import build_model, preset_config
 
 TASKS = Path(lm_eval.__file__).parent / "tasks"
 GEN_TOKENS = 6
@@ -194,20 +190,6 @@ def harness_config(name: str, data: Path, dev: Path) -> dict:
     if name == "mbpp":
         cfg["doc_to_target"] = "{{test_list[0]}}"
     return cfg
-
-
-@pytest.fixture(scope="module")
-def exported_model(tmp_path_factory, tokenizer_dir, tokenizer):
-    cfg = preset_config("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=256)
-    model = build_model(cfg, seed=5)
-    with torch.no_grad():   # sharpen the random init so choices and greedy tokens are far apart
-        model.lm_head.weight.mul_(40.0)
-    root = tmp_path_factory.mktemp("parity")
-    state = ckpt.CheckpointState(step=1, tokens_seen=1, model=cfg.model_dump(mode="json"))
-    weights = {k: v for k, v in model.state_dict().items() if not k.startswith("rope_")}
-    src = ckpt.save_checkpoint(root / "checkpoints" / ckpt.step_dir_name(1), weights, None, state)
-    return export_hf(src, root / "hf", tokenizer=tokenizer_dir / "tokenizer.json", dtype=torch.float32,
-                     eos_token="<|endoftext|>")
 
 
 @pytest.fixture(scope="module")
