@@ -11,6 +11,9 @@
         train a byte-level BPE (tokenizers) on a sample of components
   sft             --config sft.yaml --out shards/sft [key=value ...]
         render chat records into tokens + assistant-only loss masks and pack them
+  export          SET --format megatron|hf|nanotron --out DIR
+        write a shard set's documents, in stream order, as Megatron-LM's indexed dataset,
+        a Hugging Face datasets directory (arrow + parquet) or datatrove/nanotron .ds files
 """
 
 from __future__ import annotations
@@ -116,8 +119,21 @@ def _sft(argv: list[str]) -> int:
     return 0
 
 
+def _export(argv: list[str]) -> int:
+    from mixtures.export import FORMATS, export_set
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures export")
+    ap.add_argument("set", help="a shard set directory (or URL)")
+    ap.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
+    ap.add_argument("--out", required=True, help="the export directory (or URL); must not exist")
+    args = ap.parse_args(argv)
+    record = export_set(args.set, args.format, args.out, progress=print)
+    print(f"read it with: {record.read_with}")
+    return 0
+
+
 COMMANDS = {"validate": _validate, "materialize": _materialize, "inspect": _inspect,
-            "train-tokenizer": _train_tokenizer, "sft": _sft}
+            "train-tokenizer": _train_tokenizer, "sft": _sft, "export": _export}
 
 
 def main(argv: list[str] | None = None) -> int:
