@@ -198,7 +198,7 @@ def plan_files(shard_bytes: list[int], target_bytes: int) -> list[int]:
     at least `target_bytes` (documents never straddle files; empty shards join the current one)."""
     out, k, fill = [], 0, 0
     for b in shard_bytes:
-        if fill >= target_bytes:
+        if fill >= target_bytes and b:
             k, fill = k + 1, 0
         out.append(k)
         fill += b
