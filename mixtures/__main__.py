@@ -14,6 +14,9 @@
   export          SET --format megatron|hf|nanotron --out DIR
         write a shard set's documents, in stream order, as Megatron-LM's indexed dataset,
         a Hugging Face datasets directory (arrow + parquet) or datatrove/nanotron .ds files
+  megatron-order  CACHE_DIR
+        rewrite the indices Megatron's GPTDataset cached under --data-cache-path for our
+        megatron exports to the export's order (Megatron shuffles and has no flag against it)
 """
 
 from __future__ import annotations
@@ -132,8 +135,21 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
+def _megatron_order(argv: list[str]) -> int:
+    from mixtures.export import is_megatron_export
+    from mixtures.megatron import keep_order
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures megatron-order")
+    ap.add_argument("cache_dir", help="Megatron's --data-cache-path after it built its indices")
+    args = ap.parse_args(argv)
+    done = keep_order(args.cache_dir, is_megatron_export, progress=print)
+    print(f"{len(done)} cached GPTDataset index set(s) now in the export's order")
+    return 0 if done else 1
+
+
 COMMANDS = {"validate": _validate, "materialize": _materialize, "inspect": _inspect,
-            "train-tokenizer": _train_tokenizer, "sft": _sft, "export": _export}
+            "train-tokenizer": _train_tokenizer, "sft": _sft, "export": _export,
+            "megatron-order": _megatron_order}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
@@ -48,6 +47,7 @@ from common.config import StrictModel, load_contract
 from common.errors import ContractError
 from common.hashing import sha256_file
 from common.manifest import MANIFEST_NAME
+from mixtures.megatron import MegatronWriter
 from mixtures.shards import ShardSet
 
 EXPORT_SCHEMA = "export/1"
@@ -56,12 +56,6 @@ SET_MANIFEST_COPY = "shards.manifest.json"
 FORMATS = ("megatron", "hf", "nanotron")
 CHUNK_TOKENS = 1 << 23                  # tokens per write (16 MiB of uint16): bounds memory
 HF_FILE_BYTES = 500 * 10**6             # `datasets`' default max_shard_size for save_to_disk
-
-MEGATRON_HEADER = b"MMIDIDX\x00\x00"
-MEGATRON_VERSION = 1
-# Megatron-Core's DType codes (megatron/core/datasets/indexed_dataset.py). It has no uint32:
-# ids of a uint32 set are < 2^31, so its bytes are the same little-endian int32 values.
-MEGATRON_DTYPE_CODES = {"uint16": 8, "uint32": 4}
 
 
 class ExportError(ContractError):
@@ -139,56 +133,6 @@ def stream_chunks(shards: ShardSet, max_tokens: int = CHUNK_TOKENS
             shards.check_blocks(i, t0, t1)
             mask = np.asarray(shards.shard_mask(i)[t0:t1]) if mask_needed else None
             yield i, np.asarray(tokens[t0:t1]), lengths[lo:hi], mask
-
-
-# ---- Megatron-LM indexed dataset ---------------------------------------------------------------
-
-def megatron_index_header(dtype: str, n_sequences: int) -> bytes:
-    """The .idx header: magic, version 1, dtype code, sequence count, document-index length
-    (one document per sequence, so n + 1 entries)."""
-    return (MEGATRON_HEADER + struct.pack("<Q", MEGATRON_VERSION) + struct.pack("<B", MEGATRON_DTYPE_CODES[dtype])
-            + struct.pack("<Q", n_sequences) + struct.pack("<Q", n_sequences + 1))
-
-
-class MegatronWriter:
-    """`<prefix>.bin` (the tokens) and `<prefix>.idx`: header, int32 sequence lengths, int64 byte
-    pointers, int64 document indices 0..n. The section offsets follow from the manifest's document
-    count, so each chunk's lengths and pointers are written in place as it streams by."""
-
-    def __init__(self, directory: Path, prefix: str, shards: ShardSet):
-        m = shards.manifest
-        self.prefix, self.n_docs, self.itemsize = prefix, m.n_docs, shards.dtype.itemsize
-        self.bin = open(directory / f"{prefix}.bin", "wb")
-        self.idx = open(directory / f"{prefix}.idx", "wb")
-        header = megatron_index_header(m.dtype, m.n_docs)
-        self.idx.write(header)
-        self.lengths_at = len(header)
-        self.pointers_at = self.lengths_at + 4 * m.n_docs
-        self.doc_index_at = self.pointers_at + 8 * m.n_docs
-        self.n_written, self.byte_pos = 0, 0
-
-    def add(self, tokens: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None) -> None:
-        if int(lengths.max()) > np.iinfo(np.int32).max:
-            raise ExportError(f"{self.prefix}.idx", f"a document of {int(lengths.max())} tokens does not fit "
-                                                     "Megatron's int32 sequence lengths")
-        self.bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
-        pointers = self.byte_pos + self.itemsize * np.concatenate([[0], np.cumsum(lengths[:-1])])
-        self.idx.seek(self.lengths_at + 4 * self.n_written)
-        self.idx.write(lengths.astype("<i4").tobytes())
-        self.idx.seek(self.pointers_at + 8 * self.n_written)
-        self.idx.write(pointers.astype("<i8").tobytes())
-        self.n_written += len(lengths)
-        self.byte_pos += tokens.nbytes
-
-    def close(self) -> list[str]:
-        if self.n_written != self.n_docs:
-            raise ExportError(f"{self.prefix}.idx", f"wrote {self.n_written} documents, the manifest says {self.n_docs}")
-        self.idx.seek(self.doc_index_at)
-        for lo in range(0, self.n_docs + 1, CHUNK_TOKENS):
-            self.idx.write(np.arange(lo, min(lo + CHUNK_TOKENS, self.n_docs + 1), dtype="<i8").tobytes())
-        self.bin.close()
-        self.idx.close()
-        return [f"{self.prefix}.bin", f"{self.prefix}.idx"]
 
 
 # ---- Hugging Face datasets: save_to_disk layout + parquet ---------------------------------------
@@ -353,3 +297,9 @@ def export_set(set_path: str | os.PathLike, fmt: str, out: str | os.PathLike,
     progress(f"exported {prefix}: {m.n_tokens:,} tokens, {m.n_docs:,} documents as {fmt} -> {out}")
     return record
 
+
+
+def is_megatron_export(prefix: str) -> bool:
+    """Whether Megatron dataset prefix `prefix` is the `<set>` of one of our megatron exports."""
+    record = Path(prefix).parent / EXPORT_RECORD
+    return record.is_file() and ExportRecord.read(record.parent).format == "megatron"

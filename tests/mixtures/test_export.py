@@ -186,3 +186,44 @@ def test_export_record_lists_every_file(curriculum_set, tmp_path):
     on_disk = sorted(p.relative_to(tmp_path / "mg").as_posix() for p in (tmp_path / "mg").rglob("*")
                      if p.is_file() and p.name != "export.json")
     assert [f.path for f in record.files] == on_disk
+
+
+def _gpt_dataset(prefix: str, cache, seq_len: int, num_samples: int, eod: int):
+    """Megatron-Core's GPTDataset over our export, as `pretrain_gpt.py` builds it (train split)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+
+    class Ids(MegatronLegacyTokenizer):                # ids in, ids out: the export is already tokenized
+        def tokenize(self, text):
+            return []
+
+        vocab = inv_vocab = property(lambda self: {})
+        vocab_size = property(lambda self: 1 << 16)
+        eod = property(lambda self: eod)
+
+    config = GPTDatasetConfig(random_seed=1234, sequence_length=seq_len, blend=([prefix], None), split="100,0,0",
+                              path_to_cache=str(cache), tokenizer=Ids("ids"), reset_position_ids=False,
+                              reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False)
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None], lambda: True, config).build()
+    return train
+
+
+def test_megatron_gpt_dataset_sees_our_order_after_megatron_order(curriculum_set, tmp_path, capsys):
+    pytest.importorskip("megatron.core.datasets.gpt_dataset", reason="megatron-core (the `test` extra) is not installed")
+    export_set(curriculum_set, "megatron", tmp_path / "mg", progress=lambda m: None)
+    prefix = str(tmp_path / "mg" / curriculum_set.name)
+    m = ShardManifest.read(curriculum_set)
+    reader = ShardReader(curriculum_set, global_batch_size=1)
+    n = reader.steps_per_epoch
+    shuffled = _gpt_dataset(prefix, tmp_path / "cache", m.seq_len, n, m.eos_id)
+    windows = [next(reader) for _ in range(n)]
+    first = np.asarray(shuffled[0]["tokens"])
+    assert not np.array_equal(first, windows[0]["input_ids"][0])          # Megatron shuffles by default
+    assert main(["megatron-order", str(tmp_path / "cache")]) == 0
+    assert "now in the export's order" in capsys.readouterr().out
+    ordered = _gpt_dataset(prefix, tmp_path / "cache", m.seq_len, n, m.eos_id)
+    assert len(ordered) >= n
+    for i, w in enumerate(windows):
+        np.testing.assert_array_equal(np.asarray(ordered[i]["tokens"]), w["input_ids"][0])
+        np.testing.assert_array_equal(np.asarray(ordered[i]["labels"]), w["labels"][0])
