@@ -133,6 +133,8 @@ def stream_chunks(shards: ShardSet, max_tokens: int = CHUNK_TOKENS
             shards.check_blocks(i, t0, t1)
             mask = np.asarray(shards.shard_mask(i)[t0:t1]) if mask_needed else None
             yield i, np.asarray(tokens[t0:t1]), lengths[lo:hi], mask
+        del tokens
+        shards.release(i)
 
 
 # ---- Hugging Face datasets: save_to_disk layout + parquet ---------------------------------------
