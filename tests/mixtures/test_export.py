@@ -227,3 +227,19 @@ def test_megatron_gpt_dataset_sees_our_order_after_megatron_order(curriculum_set
     for i, w in enumerate(windows):
         np.testing.assert_array_equal(np.asarray(ordered[i]["tokens"]), w["input_ids"][0])
         np.testing.assert_array_equal(np.asarray(ordered[i]["labels"]), w["labels"][0])
+
+
+def test_megatron_order_over_two_epochs_continues_the_stream(curriculum_set, tmp_path):
+    pytest.importorskip("megatron.core.datasets.gpt_dataset", reason="megatron-core (the `test` extra) is not installed")
+    export_set(curriculum_set, "megatron", tmp_path / "mg", progress=lambda m: None)
+    prefix = str(tmp_path / "mg" / curriculum_set.name)
+    m = ShardManifest.read(curriculum_set)
+    n = (m.n_tokens - 1) // m.seq_len + m.n_tokens // (2 * m.seq_len)         # one and a half epochs
+    _gpt_dataset(prefix, tmp_path / "cache", m.seq_len, n, m.eos_id)
+    assert main(["megatron-order", str(tmp_path / "cache")]) == 0
+    ds = _gpt_dataset(prefix, tmp_path / "cache", m.seq_len, n, m.eos_id)
+    twice = np.concatenate(documents(curriculum_set) * 2)
+    L = m.seq_len
+    for i in range(n):
+        np.testing.assert_array_equal(np.asarray(ds[i]["tokens"]), twice[i * L:(i + 1) * L])
+        np.testing.assert_array_equal(np.asarray(ds[i]["labels"]), twice[i * L + 1:(i + 1) * L + 1])
