@@ -11,6 +11,12 @@
         train a byte-level BPE (tokenizers) on a sample of components
   sft             --config sft.yaml --out shards/sft [key=value ...]
         render chat records into tokens + assistant-only loss masks and pack them
+  export          SET --format megatron|hf|nanotron --out DIR
+        write a shard set's documents, in stream order, as Megatron-LM's indexed dataset,
+        a Hugging Face datasets directory (arrow + parquet) or datatrove/nanotron .ds files
+  megatron-order  CACHE_DIR
+        rewrite the indices Megatron's GPTDataset cached under --data-cache-path for our
+        megatron exports to the export's order (Megatron shuffles and has no flag against it)
 """
 
 from __future__ import annotations
@@ -116,8 +122,34 @@ def _sft(argv: list[str]) -> int:
     return 0
 
 
+def _export(argv: list[str]) -> int:
+    from mixtures.export import FORMATS, export_set
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures export")
+    ap.add_argument("set", help="a shard set directory (or URL)")
+    ap.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
+    ap.add_argument("--out", required=True, help="the export directory (or URL); must not exist")
+    args = ap.parse_args(argv)
+    record = export_set(args.set, args.format, args.out, progress=print)
+    print(f"read it with: {record.read_with}")
+    return 0
+
+
+def _megatron_order(argv: list[str]) -> int:
+    from mixtures.export import is_megatron_export
+    from mixtures.megatron import keep_order
+
+    ap = argparse.ArgumentParser(prog="python -m mixtures megatron-order")
+    ap.add_argument("cache_dir", help="Megatron's --data-cache-path after it built its indices")
+    args = ap.parse_args(argv)
+    done = keep_order(args.cache_dir, is_megatron_export, progress=print)
+    print(f"{len(done)} cached GPTDataset index set(s) now in the export's order")
+    return 0 if done else 1
+
+
 COMMANDS = {"validate": _validate, "materialize": _materialize, "inspect": _inspect,
-            "train-tokenizer": _train_tokenizer, "sft": _sft}
+            "train-tokenizer": _train_tokenizer, "sft": _sft, "export": _export,
+            "megatron-order": _megatron_order}
 
 
 def main(argv: list[str] | None = None) -> int:

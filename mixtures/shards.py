@@ -695,6 +695,12 @@ class ShardSet:
                                if s.n_tokens else np.zeros(0, dtype=self.dtype))
         return self._tokens[i]
 
+    def release(self, i: int) -> None:
+        """Unmap shard i's token and mask files (a sequential pass over a large set keeps one
+        shard's pages resident instead of every shard's); the next access maps them again."""
+        self._tokens.pop(i, None)
+        self._masks.pop(i, None)
+
     def shard_mask(self, i: int) -> np.ndarray:
         s = self.manifest.shards[i]
         if s.mask_path is None:
