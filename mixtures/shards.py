@@ -587,9 +587,12 @@ class ShardSet:
 
     @classmethod
     def open(cls, directory: str | os.PathLike, tokenizer: Any = None, verify_hashes: bool = False) -> "ShardSet":
-        directory = storage.local_copy(directory)      # an object-store set is staged, sha256-checked
+        location, directory = directory, storage.local_copy(directory)   # an object-store set is staged, sha256-checked
         if not directory.is_dir():
             raise ShardError(directory, "shard set directory not found")
+        if storage.is_remote(location) and not (directory / MANIFEST_NAME).is_file():
+            raise ShardError(storage.join(location, MANIFEST_NAME), "missing: the commit record "
+                             f"{storage.join(location, storage.COMMIT_NAME)} does not list it (not a shard set, or a damaged one)")
         manifest = ShardManifest.read(directory / MANIFEST_NAME)
         mpath = directory / MANIFEST_NAME
         if manifest.n_tokens != sum(s.n_tokens for s in manifest.shards):
