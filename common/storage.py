@@ -159,6 +159,28 @@ def remove_tree(p: AnyPath) -> None:
         fs.rm(inner, recursive=True)
 
 
+def move_aside(src: AnyPath, dst: AnyPath) -> bool:
+    """Rename file or directory `src` to `dst` (kept for a post-mortem): `os.replace` locally (an
+    existing non-empty `dst` directory stays, and `src` with it); a server-side copy then delete
+    on an object store, replacing what `dst` held. False if nothing was moved."""
+    if not is_remote(src):
+        try:
+            os.replace(src, dst)
+            return True
+        except OSError:
+            return False
+    fs, inner = filesystem(src)
+    _, dst_inner = filesystem(dst)
+    objects = fs.find(inner.rstrip("/"))
+    if not objects:
+        return False
+    remove_tree(dst)
+    for obj in objects:                     # object by object: prefixes are no objects to copy
+        fs.copy(obj, dst_inner.rstrip("/") + obj[len(inner.rstrip("/")):])
+    remove_tree(src)
+    return True
+
+
 def glob(pattern: str) -> list[str]:
     """Sorted matches of a glob pattern (`**` recursive), as local paths or URLs."""
     if not is_remote(pattern):

@@ -2,6 +2,13 @@
 local cache, sha256-checked, then memory-mapped), checkpoints written to s3 through the commit
 protocol, and a second run resuming from them."""
 
+import hashlib
+import json
+import logging
+
+import pytest
+import torch
+
 from common import storage
 from mixtures import write_token_lists
 from tests.trainer.conftest import SEQ_LEN, VOCAB, run_config, synthetic_docs
@@ -41,3 +48,56 @@ def test_train_on_s3_shards_checkpointing_to_s3_then_resume(bucket, tmp_path):
     assert again["step"] == 8
     assert [s for s, _ in ckpt.list_checkpoints(f"{run_dir}/checkpoints")] == [6, 8]
     assert ckpt.read_state(ckpt.latest_checkpoint(f"{run_dir}/checkpoints")).tokens_seen == 8 * 4 * SEQ_LEN
+
+
+def _flip_bit(url: str) -> bytes:
+    data = bytearray(storage.path(url).read_bytes())
+    data[-1] ^= 0x01
+    storage.write_bytes(url, bytes(data))
+    return bytes(data)
+
+
+def _damage(step_url: str, how: str) -> str:
+    """Damage one object-store checkpoint; returns what the report must name."""
+    record_url = f"{step_url}/{storage.COMMIT_NAME}"
+    record = json.loads(storage.path(record_url).read_bytes())
+    obj = f"{step_url}/{record['attempt']}"
+    if how.startswith("flipped bit"):
+        data = _flip_bit(f"{obj}/{ckpt.WEIGHTS}")
+        if how.endswith("entry rewritten"):          # the commit record agrees, state.json does not
+            entry = next(f for f in record["files"] if f["path"] == ckpt.WEIGHTS)
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+            storage.write_bytes(record_url, json.dumps(record).encode())
+            return f"{step_url}/{ckpt.WEIGHTS}"
+        return f"{obj}/{ckpt.WEIGHTS}"
+    if how == "deleted optimizer.pt":
+        storage.remove_tree(f"{obj}/{ckpt.OPTIMIZER}")
+        return f"{obj}/{ckpt.OPTIMIZER}"
+    record["files"][0]["path"] = "../../../model.safetensors"     # a bad commit record
+    storage.write_bytes(record_url, json.dumps(record).encode())
+    return record_url
+
+
+@pytest.mark.parametrize("how", ["flipped bit", "flipped bit, entry rewritten", "deleted optimizer.pt",
+                                 "bad commit record"])
+def test_a_damaged_newest_s3_checkpoint_is_reported_set_aside_and_the_previous_used(bucket, caplog, how):
+    root = f"{bucket}/run/checkpoints"
+    for step in (2, 4):
+        _save(root, step)
+    named = _damage(f"{root}/{ckpt.step_dir_name(4)}", how)
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+        directory, state = ckpt.resume_point(root, {"seed": 0})
+    assert str(directory) == f"{root}/{ckpt.step_dir_name(2)}" and state.step == 2
+    report = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{root}/{ckpt.step_dir_name(4)} is damaged" in report and named in report
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [2]
+    aside = {rel.split("/")[0] for rel, _, _ in storage.list_files(root, hidden=True)}
+    assert aside == {ckpt.step_dir_name(2), ckpt.step_dir_name(4) + ckpt.DAMAGED_SUFFIX}   # kept for a post-mortem
+    assert ckpt.resume_point(root, {"seed": 0})[1].step == 2                               # and no longer tried
+
+
+def _save(root: str, step: int):
+    w = {"a.weight": torch.full((8, 8), float(step)), "b.weight": torch.arange(5, dtype=torch.float32)}
+    opt = {"state": {0: {"momentum_buffer": torch.ones(16)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    state = ckpt.CheckpointState(step=step, tokens_seen=step, model={"d_model": 8}, config={"seed": 0})
+    return ckpt.save_checkpoint(f"{root}/{ckpt.step_dir_name(step)}", w, opt, state)
