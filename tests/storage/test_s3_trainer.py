@@ -5,6 +5,7 @@ protocol, and a second run resuming from them."""
 import hashlib
 import json
 import logging
+import shutil
 
 import pytest
 import torch
@@ -101,3 +102,35 @@ def _save(root: str, step: int):
     opt = {"state": {0: {"momentum_buffer": torch.ones(16)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
     state = ckpt.CheckpointState(step=step, tokens_seen=step, model={"d_model": 8}, config={"seed": 0})
     return ckpt.save_checkpoint(f"{root}/{ckpt.step_dir_name(step)}", w, opt, state)
+
+
+def test_an_s3_run_dir_gets_every_run_output_average_metrics_and_summary(bucket):
+    sets = {"train": f"{bucket}/shards/train", "heldout": f"{bucket}/shards/heldout"}
+    write_token_lists(sets["train"], synthetic_docs(0, 120), seq_len=SEQ_LEN, vocab_size=VOCAB, eos_id=EOS_SYNTHETIC,
+                      docs_per_shard=60)
+    write_token_lists(sets["heldout"], synthetic_docs(10**6, 20), seq_len=SEQ_LEN, vocab_size=VOCAB,
+                      eos_id=EOS_SYNTHETIC)
+    run_dir = f"{bucket}/run"
+    cfg = run_config(run_dir, sets, **{"train.steps": 4, "checkpoint.every_steps": 2, "checkpoint.keep_last": 1,
+                                       "average": {"n": 2, "spacing": 2}})
+    summary = train(load_run_config(None, data=cfg))
+    assert summary["average_eval_loss"] is not None
+    assert summary["run_dir"] == run_dir and summary["average"] == f"{run_dir}/average"
+    assert summary["metrics"] == f"{run_dir}/metrics.jsonl"
+    average = ckpt.read_state(f"{run_dir}/average")
+    assert average.kind == "average" and [s["step"] for s in average.sources] == [2, 4]
+    assert all(s["path"].startswith(f"{run_dir}/checkpoints/") for s in average.sources)
+    assert json.loads(storage.path(f"{run_dir}/summary.json").read_text()) == summary
+    records = [json.loads(line) for line in storage.path(f"{run_dir}/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("kind") == "train"] == [1, 2, 3, 4]
+    assert any(r.get("model") == "average" and r["eval_loss"] == summary["average_eval_loss"] for r in records)
+
+    # started again on a machine without the local scratch: the metrics come back from s3, the
+    # finished average is found there and not rebuilt
+    shutil.rmtree(storage.local_scratch(run_dir))
+    stamp = storage.record_stamp(f"{run_dir}/average")
+    again = train(load_run_config(None, data=cfg))
+    assert again["average_eval_loss"] == summary["average_eval_loss"] and again["step"] == 4
+    assert storage.record_stamp(f"{run_dir}/average") == stamp
+    assert storage.path(f"{run_dir}/metrics.jsonl").read_text().splitlines() == [json.dumps(r, sort_keys=True)
+                                                                                 for r in records]
