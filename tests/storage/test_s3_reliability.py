@@ -149,3 +149,16 @@ def test_an_attempt_cleaned_by_another_writer_is_not_committed(bucket):
     with pytest.raises(ContractError, match=f"^{url}: 2 file\\(s\\) of attempt {attempt.name} vanished"):
         storage.commit(attempt, url, known)
     assert storage.read_commit(url) is None and storage.list_files(url, hidden=True) == []
+
+
+def test_inspect_verify_of_an_s3_parent_reports_a_set_whose_record_lacks_the_manifest(bucket):
+    from mixtures.inspect import inspect_sets
+
+    _shards(f"{bucket}/sets/good")
+    orphaned = _shards(f"{bucket}/sets/orphaned")
+    record = _record(orphaned)
+    record["files"] = [f for f in record["files"] if f["path"] != "manifest.json"]
+    _rewrite(orphaned, record)
+    lines, _, failures = inspect_sets(f"{bucket}/sets", verify=True)
+    assert [f.split(":")[0] for f in failures] == ["orphaned"] and f"{orphaned}/manifest.json: missing" in failures[0]
+    assert any(line.startswith("good:") for line in lines)
