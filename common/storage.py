@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -564,6 +565,23 @@ def local_scratch(p: AnyPath) -> Path:
     if not is_remote(p):
         return Path(p)
     return cache_root() / "scratch" / hashlib.sha256(str(p).rstrip("/").encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def writer_lock(final: AnyPath) -> Iterator[None]:
+    """Be the one process of this machine (of this cache) writing output `final`: a second one is
+    refused at once, naming the output, instead of sharing its work files. Writers on other
+    machines are kept apart by the commit record's conditional PUT (`commit`)."""
+    where = str(path(final)) if is_remote(final) else str(Path(final).resolve())
+    lock = cache_root() / "locks" / (hashlib.sha256(where.rstrip("/").encode()).hexdigest()[:24] + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with builtins.open(lock, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ContractError(final, f"another process on this machine is writing this output (it holds {lock}); "
+                                       "wait for it to finish, or write elsewhere") from None
+        yield                                # the lock goes with the file handle, also when the process dies
 
 
 def local_copy(directory: AnyPath) -> Path:

@@ -238,7 +238,8 @@ class ShardManifest(RunManifest):
         """Read, validate, and check the manifest against its own digest (a hand-edited field is
         refused: the set would be read with other parameters than it was written with)."""
         manifest = super().read(path)
-        mpath = Path(path) / MANIFEST_NAME if Path(path).is_dir() else Path(path)
+        mpath = storage.path(path)
+        mpath = mpath / MANIFEST_NAME if mpath.is_dir() else mpath
         if manifest.manifest_digest and manifest.manifest_digest != manifest.compute_digest():
             raise ShardError(mpath, f"does not match its own digest (manifest_digest "
                                     f"{manifest.manifest_digest[:12]}…, content {manifest.compute_digest()[:12]}…): "

@@ -4,6 +4,11 @@ missing object is named by URL, and of two writers of one output one wins whole 
 naming the output."""
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +16,8 @@ from common import storage
 from common.errors import ContractError
 from mixtures import write_token_lists
 from mixtures.shards import ShardSet
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _shards(url: str, n_docs: int = 30) -> str:
@@ -162,3 +169,88 @@ def test_inspect_verify_of_an_s3_parent_reports_a_set_whose_record_lacks_the_man
     lines, _, failures = inspect_sets(f"{bucket}/sets", verify=True)
     assert [f.split(":")[0] for f in failures] == ["orphaned"] and f"{orphaned}/manifest.json: missing" in failures[0]
     assert any(line.startswith("good:") for line in lines)
+
+
+# `python -m mixtures materialize`, held at its upload until the other writer has come as far, and
+# the second to arrive held until the first has committed: two writers whose work overlaps.
+RACER = """
+import sys, time
+from pathlib import Path
+from common import storage
+from mixtures.__main__ import main
+turns, me, other, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "first"
+publish = storage.publish_dir
+def wait_for(name):
+    deadline = time.monotonic() + 120
+    while not (turns / name).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+def publish_in_turn(*a, **k):
+    (turns / (me + ".ready")).touch()
+    wait_for(other + ".ready")
+    if not first:
+        wait_for(other + ".done")
+    try:
+        return publish(*a, **k)
+    finally:
+        (turns / (me + ".done")).touch()
+storage.publish_dir = publish_in_turn
+sys.exit(main(sys.argv[5:]))
+"""
+
+
+def _race_inputs(tmp_path):
+    import yaml
+
+    from mixtures.tokenizers import train_bpe
+    from tests.mixtures.conftest import make_component
+
+    web = make_component(tmp_path / "components", "web", 300, seed=1)
+    train_bpe([f"web alpha beta gamma {i}" for i in range(200)], 300, tmp_path / "tok", name="race")
+    specs = []
+    for writer, seed in (("a", 2), ("b", 3)):                 # the writers' shards differ
+        spec = {"name": "race", "tokenizer": {"kind": "hf", "path": str(tmp_path / "tok" / "tokenizer.json")},
+                "seq_len": 32, "bucket_count": 1, "seeds": {"uniform": seed},
+                "components": [{"name": "web", "path": str(web), "score_field": "edu"}],
+                "phases": [{"name": "p", "orders": ["uniform"], "components": {"web": 1.0}}]}
+        (tmp_path / f"{writer}.yaml").write_text(yaml.safe_dump(spec))
+        specs.append(tmp_path / f"{writer}.yaml")
+    return specs
+
+
+def test_two_materialize_runs_into_one_s3_output_one_wins_whole(bucket, tmp_path):
+    """Two machines (two caches) write one output a second apart: the first to commit wins whole,
+    the other exits 2 naming the output; on one machine the second is refused at once."""
+    out = f"{bucket}/sets"
+    specs = _race_inputs(tmp_path)
+    (tmp_path / "turns").mkdir()
+    procs = []
+    for writer, other, spec in (("a", "b", specs[0]), ("b", "a", specs[1])):
+        env = dict(os.environ, PYTHONPATH=str(REPO), **{storage.CACHE_ENV: str(tmp_path / f"cache-{writer}")})
+        procs.append(subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "turns"), writer, other,
+                                       "first" if writer == "a" else "second", "materialize", "--spec", str(spec),
+                                       "--out", out], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+        time.sleep(1)
+    (rc_a, _, err_a), (rc_b, _, err_b) = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert rc_a == 0, err_a
+    assert rc_b == 2 and "Traceback" not in err_b
+    assert err_b.strip().splitlines()[-1].startswith(f"error: {out}/p-uniform: another writer committed this output "
+                                                     "while attempt _attempt-")
+    won = ShardSet.open(f"{out}/p-uniform", verify_hashes=True).manifest
+    assert won.config["spec"]["seeds"]["uniform"] == 2                # writer a's set, every file of it
+    assert {rel.split("/")[0] for rel, _, _ in storage.list_files(f"{out}/p-uniform", hidden=True)} \
+        == {storage.COMMIT_NAME, _record(f"{out}/p-uniform")["attempt"]}
+
+    with storage.writer_lock(out):                            # a writer of this machine is at work
+        rc, _, err = _materialize(specs[1], out)
+    assert rc == 2 and err.strip().splitlines()[-1].startswith(
+        f"error: {out}: another process on this machine is writing this output")
+    rc, printed, err = _materialize(specs[0], out)          # alone again: the winner's set is reused
+    assert rc == 0 and "p-uniform: complete from an earlier run (same spec and inputs), reused" in printed, err
+
+
+def _materialize(spec, out):
+    proc = subprocess.run([sys.executable, "-m", "mixtures", "materialize", "--spec", str(spec), "--out", out],
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
