@@ -531,10 +531,14 @@ def has_committed(directory: AnyPath, name: str) -> bool:
 
 
 def clean_uncommitted(final: AnyPath) -> list:
-    """Delete the attempts under object-store output `final` that its commit record does not name."""
+    """Delete the attempts under object-store output `final` that its commit record does not name
+    (none while the record is unreadable: its reader reports it, a new commit replaces it)."""
     if not is_remote(final):
         return []
-    record = read_commit(final)
+    try:
+        record = read_commit(final)
+    except ContractError:
+        return []
     keep = record["attempt"] if record else None
     fs, inner = filesystem(final)
     removed = []

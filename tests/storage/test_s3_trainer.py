@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from common import storage
+from common import atomic, storage
 from mixtures import write_token_lists
 from tests.trainer.conftest import SEQ_LEN, VOCAB, run_config, synthetic_docs
 from trainer import checkpoint as ckpt
@@ -42,11 +42,13 @@ def test_train_on_s3_shards_checkpointing_to_s3_then_resume(bucket, tmp_path):
     staged = storage.local_copy(sets["train"])
     assert staged.is_relative_to(storage.cache_root()) and (staged / "manifest.json").is_file()
 
-    # the same run, longer: resumes from the s3 checkpoint of step 6
+    # the same run, longer, after a bit of step 6 flipped (its commit entry rewritten to match): resumes from step 4
+    _damage(str(found[-1][1]), "flipped bit, entry rewritten")
     longer = run_config(run_dir, sets, **{"train.steps": 8, "checkpoint.every_steps": 2, "checkpoint.keep_last": 2,
                                           "schedule.extend": True})
     again = train(load_run_config(None, data=longer))
     assert again["step"] == 8
+    assert storage.has_committed(f"{run_dir}/checkpoints/step_00000006{ckpt.DAMAGED_SUFFIX}", ckpt.STATE)
     assert [s for s, _ in ckpt.list_checkpoints(f"{run_dir}/checkpoints")] == [6, 8]
     assert ckpt.read_state(ckpt.latest_checkpoint(f"{run_dir}/checkpoints")).tokens_seen == 8 * 4 * SEQ_LEN
 
@@ -86,6 +88,7 @@ def test_a_damaged_newest_s3_checkpoint_is_reported_set_aside_and_the_previous_u
     for step in (2, 4):
         _save(root, step)
     named = _damage(f"{root}/{ckpt.step_dir_name(4)}", how)
+    atomic.clean_stale_tmp(root)                                  # what a run does first
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
         directory, state = ckpt.resume_point(root, {"seed": 0})
     assert str(directory) == f"{root}/{ckpt.step_dir_name(2)}" and state.step == 2
