@@ -109,8 +109,20 @@ def open(p: AnyPath, mode: str = "rb", **kwargs: Any) -> IO:  # noqa: A001 - the
     if not is_remote(p):
         return builtins.open(path(p), mode, **kwargs)
     fs, inner = filesystem(p)
-    fh = fs.open(inner, mode, **kwargs)
+    with _naming_missing(p):
+        fh = fs.open(inner, mode, **kwargs)
     return io.BufferedReader(fh, buffer_size=_CHUNK) if mode == "rb" else fh
+
+
+@contextlib.contextmanager
+def _naming_missing(p: AnyPath) -> Iterator[None]:
+    """An object store's FileNotFoundError ("The specified key does not exist.") names the URL."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        if str(p) in str(e):
+            raise
+        raise FileNotFoundError(f"{p}: no such object ({e})") from None
 
 
 def parquet_file(p: AnyPath) -> pq.ParquetFile:
@@ -118,14 +130,16 @@ def parquet_file(p: AnyPath) -> pq.ParquetFile:
     if not is_remote(p):
         return pq.ParquetFile(p)
     fs, inner = arrow_filesystem(p)
-    return pq.ParquetFile(inner, filesystem=fs)
+    with _naming_missing(p):
+        return pq.ParquetFile(inner, filesystem=fs)
 
 
 def parquet_metadata(p: AnyPath) -> pq.FileMetaData:
     if not is_remote(p):
         return pq.read_metadata(p)
     fs, inner = arrow_filesystem(p)
-    return pq.read_metadata(inner, filesystem=fs)
+    with _naming_missing(p):
+        return pq.read_metadata(inner, filesystem=fs)
 
 
 def exists(p: AnyPath) -> bool:

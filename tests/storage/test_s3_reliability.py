@@ -109,6 +109,9 @@ def test_every_missing_object_is_named_by_url(bucket):
             ShardSet.open(url, verify_hashes=True)
         assert missing in str(e.value), (name, str(e.value))
         assert "specified key does not exist" not in str(e.value)
+    for read in (storage.open, storage.parquet_file, storage.parquet_metadata):   # and a plain read
+        with pytest.raises(FileNotFoundError, match=f"^{bucket}/gone.parquet: no such object"):
+            read(f"{bucket}/gone.parquet")
 
 
 def _write(url: str, tmp, payload: bytes, n: int = 3) -> None:
