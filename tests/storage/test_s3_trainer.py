@@ -19,12 +19,17 @@ from trainer.data import EOS_SYNTHETIC
 from trainer.train import train
 
 
-def test_train_on_s3_shards_checkpointing_to_s3_then_resume(bucket, tmp_path):
+def _s3_shard_sets(bucket: str) -> dict[str, str]:
     sets = {"train": f"{bucket}/shards/train", "heldout": f"{bucket}/shards/heldout"}
     write_token_lists(sets["train"], synthetic_docs(0, 120), seq_len=SEQ_LEN, vocab_size=VOCAB, eos_id=EOS_SYNTHETIC,
                       docs_per_shard=60)
     write_token_lists(sets["heldout"], synthetic_docs(10**6, 20), seq_len=SEQ_LEN, vocab_size=VOCAB,
                       eos_id=EOS_SYNTHETIC)
+    return sets
+
+
+def test_train_on_s3_shards_checkpointing_to_s3_then_resume(bucket, tmp_path):
+    sets = _s3_shard_sets(bucket)
     run_dir = f"{bucket}/run"
     cfg = run_config(run_dir, sets, **{"train.steps": 6, "checkpoint.every_steps": 2, "checkpoint.keep_last": 2})
     summary = train(load_run_config(None, data=cfg))
@@ -108,14 +113,10 @@ def _save(root: str, step: int):
 
 
 def test_an_s3_run_dir_gets_every_run_output_average_metrics_and_summary(bucket):
-    sets = {"train": f"{bucket}/shards/train", "heldout": f"{bucket}/shards/heldout"}
-    write_token_lists(sets["train"], synthetic_docs(0, 120), seq_len=SEQ_LEN, vocab_size=VOCAB, eos_id=EOS_SYNTHETIC,
-                      docs_per_shard=60)
-    write_token_lists(sets["heldout"], synthetic_docs(10**6, 20), seq_len=SEQ_LEN, vocab_size=VOCAB,
-                      eos_id=EOS_SYNTHETIC)
+    sets = _s3_shard_sets(bucket)
     run_dir = f"{bucket}/run"
     cfg = run_config(run_dir, sets, **{"train.steps": 4, "checkpoint.every_steps": 2, "checkpoint.keep_last": 1,
-                                       "average": {"n": 2, "spacing": 2}})
+                                       "average": {"n": 2, "spacing": 2}, "log.tensorboard": True})
     summary = train(load_run_config(None, data=cfg))
     assert summary["average_eval_loss"] is not None
     assert summary["run_dir"] == run_dir and summary["average"] == f"{run_dir}/average"
@@ -127,6 +128,7 @@ def test_an_s3_run_dir_gets_every_run_output_average_metrics_and_summary(bucket)
     records = [json.loads(line) for line in storage.path(f"{run_dir}/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("kind") == "train"] == [1, 2, 3, 4]
     assert any(r.get("model") == "average" and r["eval_loss"] == summary["average_eval_loss"] for r in records)
+    assert any(rel.startswith("events.out.tfevents") for rel, _, _ in storage.list_files(f"{run_dir}/tensorboard"))
 
     # started again on a machine without the local scratch: the metrics come back from s3, the
     # finished average is found there and not rebuilt
