@@ -404,8 +404,8 @@ def commit(attempt: AnyPath, final: AnyPath, known_sha256: dict[str, str] | None
         raise ContractError(att, "nothing was written under this attempt")
     files = [(rel, n, known.get(rel) or sha256_file(att / rel)) for rel, n, _ in listing]
     _put_record(final, att, _dump(commit_record(att.name, files)), base)
-    _check_attempt_whole(att, final, {rel: "" for rel, _, _ in files}, {rel for rel, _, _ in list_files(att, hidden=True)},
-                         withdraw=True)
+    after = {rel for rel, _, _ in list_files(att, hidden=True)}
+    _check_attempt_whole(att, final, {rel: "" for rel, _, _ in files}, after, withdraw=True)
     clean_uncommitted(final)
 
 

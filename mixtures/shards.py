@@ -592,8 +592,10 @@ class ShardSet:
         if not directory.is_dir():
             raise ShardError(directory, "shard set directory not found")
         if storage.is_remote(location) and not (directory / MANIFEST_NAME).is_file():
-            raise ShardError(storage.join(location, MANIFEST_NAME), "missing: the commit record "
-                             f"{storage.join(location, storage.COMMIT_NAME)} does not list it (not a shard set, or a damaged one)")
+            record = storage.join(location, storage.COMMIT_NAME)
+            raise ShardError(storage.join(location, MANIFEST_NAME),
+                             f"missing: the commit record {record} does not list it (not a shard set, or a "
+                             "damaged one)")
         manifest = ShardManifest.read(directory / MANIFEST_NAME)
         mpath = directory / MANIFEST_NAME
         if manifest.n_tokens != sum(s.n_tokens for s in manifest.shards):

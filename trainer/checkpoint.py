@@ -175,8 +175,8 @@ def verify_file(directory: str | os.PathLike, name: str) -> None:
         return
     got = sha256_file(path)
     if got != want:
-        raise ContractError(storage.path(directory) / name, f"sha256 {got[:16]}… does not match the {want[:16]}… recorded in state.json: "
-                                  "the checkpoint is damaged")
+        raise ContractError(storage.path(directory) / name, f"sha256 {got[:16]}… does not match the {want[:16]}… "
+                                                            "recorded in state.json: the checkpoint is damaged")
     _VERIFIED.add(key)
 
 
