@@ -22,7 +22,7 @@ def find_sets(path: str | os.PathLike) -> dict[str, Path]:
     """The shard set at `path`, or every directory directly under it with a manifest, by name (an
     unreadable manifest, or shard files without a manifest, are not skipped: `inspect_sets` reports them)."""
     p = storage.path(path)
-    if _is_set(p):
+    if _is_set(p) or (p.is_dir() and _holds_shard_files(p)):
         return {p.name: p}
     out = {}
     for d in sorted(p.iterdir()) if p.is_dir() else []:

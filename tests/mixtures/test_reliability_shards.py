@@ -118,3 +118,5 @@ def test_inspect_verify_reports_shard_files_whose_manifest_was_deleted(tmp_path,
     out, err = capsys.readouterr()
     assert "good:" in out and "orphaned: UNREADABLE" in out and "notes" not in out
     assert f"{tmp_path / 'sets' / 'orphaned' / 'manifest.json'}: no manifest here" in err
+    assert mixtures_main(["inspect", str(tmp_path / "sets" / "orphaned"), "--verify"]) == 1     # named itself
+    assert "orphaned: UNREADABLE" in capsys.readouterr().out
