@@ -430,8 +430,10 @@ def _put_record(final: AnyPath, att, data: bytes, base: Any) -> None:
         try:
             fs.pipe_file(inner, data, **condition)
             return
-        except OSError as e:            # 412 Precondition Failed: FileExistsError (create) / OSError (match)
-            if not (isinstance(e, FileExistsError) or "pre-condition" in str(e).lower()):
+        except OSError as e:            # 412 Precondition Failed, 409 a concurrent conditional write
+            code = getattr(e.__cause__, "response", {}).get("Error", {}).get("Code")
+            if not (isinstance(e, FileExistsError) or code in ("PreconditionFailed", "ConditionalRequestConflict")
+                    or "pre-condition" in str(e).lower()):
                 raise
     elif record_stamp(final) == base:
         fs.pipe_file(inner, data)
