@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -46,6 +47,11 @@ COMMIT_SCHEMA = "commit/1"
 CACHE_ENV = "PUROKIT_CACHE_DIR"          # where object-store inputs are staged (default ~/.cache/purokit)
 _CHUNK = 1 << 20
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
+_ATTEMPT_NAME = re.compile(r"^_attempt-[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_UNKNOWN = object()                      # the state of a commit record an attempt began from was not recorded
+# attempt URL -> the stamp (ETag) of the output's commit record when the attempt began (None: no record)
+_ATTEMPT_BASES: dict[str, Any] = {}
 
 AnyPath = Union[str, os.PathLike]
 # Listings are never cached: executors in other processes write the objects a driver lists.
@@ -103,8 +109,20 @@ def open(p: AnyPath, mode: str = "rb", **kwargs: Any) -> IO:  # noqa: A001 - the
     if not is_remote(p):
         return builtins.open(path(p), mode, **kwargs)
     fs, inner = filesystem(p)
-    fh = fs.open(inner, mode, **kwargs)
+    with _naming_missing(p):
+        fh = fs.open(inner, mode, **kwargs)
     return io.BufferedReader(fh, buffer_size=_CHUNK) if mode == "rb" else fh
+
+
+@contextlib.contextmanager
+def _naming_missing(p: AnyPath) -> Iterator[None]:
+    """An object store's FileNotFoundError ("The specified key does not exist.") names the URL."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        if str(p) in str(e):
+            raise
+        raise FileNotFoundError(f"{p}: no such object ({e})") from None
 
 
 def parquet_file(p: AnyPath) -> pq.ParquetFile:
@@ -112,14 +130,16 @@ def parquet_file(p: AnyPath) -> pq.ParquetFile:
     if not is_remote(p):
         return pq.ParquetFile(p)
     fs, inner = arrow_filesystem(p)
-    return pq.ParquetFile(inner, filesystem=fs)
+    with _naming_missing(p):
+        return pq.ParquetFile(inner, filesystem=fs)
 
 
 def parquet_metadata(p: AnyPath) -> pq.FileMetaData:
     if not is_remote(p):
         return pq.read_metadata(p)
     fs, inner = arrow_filesystem(p)
-    return pq.read_metadata(inner, filesystem=fs)
+    with _naming_missing(p):
+        return pq.read_metadata(inner, filesystem=fs)
 
 
 def exists(p: AnyPath) -> bool:
@@ -152,6 +172,28 @@ def remove_tree(p: AnyPath) -> None:
     fs, inner = filesystem(p)
     with contextlib.suppress(FileNotFoundError):
         fs.rm(inner, recursive=True)
+
+
+def move_aside(src: AnyPath, dst: AnyPath) -> bool:
+    """Rename file or directory `src` to `dst` (kept for a post-mortem): `os.replace` locally (an
+    existing non-empty `dst` directory stays, and `src` with it); a server-side copy then delete
+    on an object store, replacing what `dst` held. False if nothing was moved."""
+    if not is_remote(src):
+        try:
+            os.replace(src, dst)
+            return True
+        except OSError:
+            return False
+    fs, inner = filesystem(src)
+    _, dst_inner = filesystem(dst)
+    objects = fs.find(inner.rstrip("/"))
+    if not objects:
+        return False
+    remove_tree(dst)
+    for obj in objects:                     # object by object: prefixes are no objects to copy
+        fs.copy(obj, dst_inner.rstrip("/") + obj[len(inner.rstrip("/")):])
+    remove_tree(src)
+    return True
 
 
 def glob(pattern: str) -> list[str]:
@@ -286,10 +328,11 @@ def atomic_path(final: AnyPath, suffix: str = "") -> Iterator[Path]:
         return
     scratch = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=_scratch_root()))
     tmp = scratch / (path(final).name + suffix)
+    base = record_stamp(final)              # a directory commits only over the record it began from
     try:
         yield tmp
         if tmp.is_dir():
-            publish_dir(tmp, final)
+            publish_dir(tmp, final, base=base)
         else:
             fs, inner = filesystem(final)
             fs.put_file(str(tmp), inner)
@@ -329,7 +372,9 @@ def new_attempt(final: AnyPath):
         final_p.parent.mkdir(parents=True, exist_ok=True)
         tmp = final_p.parent / f"{TMP_PREFIX}{final_p.name}.{uuid.uuid4().hex[:12]}"
         return tmp
-    return path(final) / f"{ATTEMPT_PREFIX}{uuid.uuid4().hex[:12]}"
+    attempt = path(final) / f"{ATTEMPT_PREFIX}{uuid.uuid4().hex[:12]}"
+    _ATTEMPT_BASES[str(attempt)] = record_stamp(final)
+    return attempt
 
 
 def commit_record(attempt: str, files: list[tuple[str, int, str]]) -> dict[str, Any]:
@@ -342,22 +387,85 @@ def commit(attempt: AnyPath, final: AnyPath, known_sha256: dict[str, str] | None
     """Make the files written under `attempt` the content of `final` (see the module docstring).
 
     `known_sha256` (relative path -> sha256) spares re-reading files whose hash the caller
-    already measured (a component's parts are hashed for its manifest)."""
+    already measured (a component's parts are hashed for its manifest).
+
+    On an object store the commit record is put only if the output's record is still the one
+    the attempt began from (a conditional PUT): of two writers of one output, the first to commit
+    wins whole and the other fails naming the output, its attempt discarded."""
     if not is_remote(final):
         replace_local(Path(attempt), Path(final))
         return
     att = path(attempt)
+    base = _ATTEMPT_BASES.pop(str(att), _UNKNOWN)
     known = known_sha256 or {}
-    files = [(rel, n, known.get(rel) or sha256_file(att / rel)) for rel, n, _ in list_files(att, hidden=True)]
-    if not files:
+    listing = list_files(att, hidden=True)
+    _check_attempt_whole(att, final, known, {rel for rel, _, _ in listing})
+    if not listing:
         raise ContractError(att, "nothing was written under this attempt")
-    write_bytes(join(final, COMMIT_NAME), _dump(commit_record(att.name, files)))
+    files = [(rel, n, known.get(rel) or sha256_file(att / rel)) for rel, n, _ in listing]
+    _put_record(final, att, _dump(commit_record(att.name, files)), base)
+    after = {rel for rel, _, _ in list_files(att, hidden=True)}
+    _check_attempt_whole(att, final, {rel: "" for rel, _, _ in files}, after, withdraw=True)
     clean_uncommitted(final)
 
 
-def publish_dir(local_dir: Path, final: AnyPath) -> None:
-    """Upload a finished local directory to `final` on an object store as one committed attempt."""
+def record_stamp(final: AnyPath) -> str | None:
+    """The stamp (ETag, generation) of object-store output `final`'s commit record; None if it has none."""
+    fs, inner = filesystem(join(final, COMMIT_NAME))
+    try:
+        info = fs.info(inner)
+    except FileNotFoundError:
+        return None
+    return str(info.get("ETag") or info.get("etag") or info.get("generation") or info.get("mtime") or "")
+
+
+def _put_record(final: AnyPath, att, data: bytes, base: Any) -> None:
+    """Put the commit record if the output's record is still `base` (None: there is none); S3 checks
+    it server-side (If-None-Match / If-Match), other stores just before the PUT."""
+    fs, inner = filesystem(join(final, COMMIT_NAME))
+    if base is _UNKNOWN:                    # the attempt began elsewhere: guard at least read-then-put
+        base = record_stamp(final)
+    if protocol(final) == "s3":
+        condition = {"IfNoneMatch": "*"} if base is None else {"IfMatch": base}
+        try:
+            fs.pipe_file(inner, data, **condition)
+            return
+        except OSError as e:            # 412 Precondition Failed, 409 a concurrent conditional write
+            code = getattr(e.__cause__, "response", {}).get("Error", {}).get("Code")
+            if not (isinstance(e, FileExistsError) or code in ("PreconditionFailed", "ConditionalRequestConflict")
+                    or "pre-condition" in str(e).lower()):
+                raise
+    elif record_stamp(final) == base:
+        fs.pipe_file(inner, data)
+        return
+    remove_tree(att)
+    raise ContractError(final, f"another writer committed this output while attempt {att.name} was being written "
+                               "(its commit record changed since the attempt began): this attempt is discarded "
+                               "and the other writer's output stands; run again to replace it")
+
+
+def _check_attempt_whole(att, final: AnyPath, expected: dict[str, str], present: set[str],
+                         withdraw: bool = False) -> None:
+    """Refuse a commit whose attempt lost files it was written with (another writer of the same
+    output cleaned it as debris); after the record's PUT (`withdraw`), take the record back."""
+    gone = sorted(set(expected) - present)
+    if not gone:
+        return
+    if withdraw and (read_commit(final) or {}).get("attempt") == att.name:
+        remove_tree(join(final, COMMIT_NAME))
+    remove_tree(att)
+    raise ContractError(final, f"{len(gone)} file(s) of attempt {att.name} vanished before it was committed "
+                               f"({join(att, gone[0])}{', ...' if len(gone) > 1 else ''}): another writer of this "
+                               "output removed them; nothing of this attempt is committed, run again")
+
+
+def publish_dir(local_dir: Path, final: AnyPath, *, base: Any = _UNKNOWN) -> None:
+    """Upload a finished local directory to `final` on an object store as one committed attempt;
+    `base`: the stamp of `final`'s commit record when the directory began to be written
+    (`record_stamp`), if not now."""
     attempt = new_attempt(final)
+    if base is not _UNKNOWN:
+        _ATTEMPT_BASES[str(attempt)] = base
     fs, inner = filesystem(attempt)
     listing = list_files(local_dir, hidden=True)
     known = {}
@@ -378,7 +486,46 @@ def read_commit(final: AnyPath) -> dict[str, Any] | None:
         raise ContractError(p, f"not valid JSON ({e})") from None
     if not isinstance(raw, dict) or raw.get("schema") != COMMIT_SCHEMA:
         raise ContractError(p, f"not a commit record (schema {raw.get('schema') if isinstance(raw, dict) else raw!r})")
+    check_record(raw, p)
     return raw
+
+
+def check_record(record: dict[str, Any], where: object) -> None:
+    """A commit record names its attempt by a plain `_attempt-<hex>` name and every file by a plain
+    relative name inside it (`/`-separated, no absolute path, no `.` or `..` part): anything else
+    would stage or read outside the output. Raises ContractError naming the record and the entry."""
+    attempt = record.get("attempt")
+    if not isinstance(attempt, str) or not _ATTEMPT_NAME.match(attempt):
+        raise ContractError(where, f"attempt {attempt!r} is not a plain {ATTEMPT_PREFIX}<hex> name", field="attempt")
+    files = record.get("files")
+    if not isinstance(files, list):
+        raise ContractError(where, f"expected a list of files, got {type(files).__name__}", field="files")
+    seen: set[str] = set()
+    for i, f in enumerate(files):
+        rel = f.get("path") if isinstance(f, dict) else None
+        problem = entry_problem(rel) if isinstance(f, dict) else "is not an object"
+        if problem is None and rel in seen:
+            problem = "is listed twice"
+        elif problem is None and not (isinstance(f.get("n_bytes"), int) and f["n_bytes"] >= 0):
+            problem = f"has n_bytes {f.get('n_bytes')!r}, not a size"
+        elif problem is None and not (isinstance(f.get("sha256"), str) and _SHA256.match(f["sha256"])):
+            problem = f"has sha256 {f.get('sha256')!r}, not 64 hex digits"
+        if problem is not None:
+            raise ContractError(where, f"entry {i} ({rel!r}) {problem}: refused", field=f"files[{i}]")
+        seen.add(rel)
+
+
+def entry_problem(rel: Any) -> str | None:
+    """Why `rel` is not a plain relative file name inside an output, or None if it is."""
+    if not isinstance(rel, str) or not rel:
+        return "is not a non-empty file name"
+    if rel.startswith("/") or "\\" in rel or re.match(r"^[A-Za-z]:", rel):
+        return "is an absolute path or uses a separator other than '/'"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "has an empty, '.' or '..' part (names must stay inside the output)"
+    if any(ord(c) < 32 for c in rel):
+        return "holds a control character"
+    return None
 
 
 def committed(final: AnyPath):
@@ -400,10 +547,14 @@ def has_committed(directory: AnyPath, name: str) -> bool:
 
 
 def clean_uncommitted(final: AnyPath) -> list:
-    """Delete the attempts under object-store output `final` that its commit record does not name."""
+    """Delete the attempts under object-store output `final` that its commit record does not name
+    (none while the record is unreadable: its reader reports it, a new commit replaces it)."""
     if not is_remote(final):
         return []
-    record = read_commit(final)
+    try:
+        record = read_commit(final)
+    except ContractError:
+        return []
     keep = record["attempt"] if record else None
     fs, inner = filesystem(final)
     removed = []
@@ -436,6 +587,23 @@ def local_scratch(p: AnyPath) -> Path:
     return cache_root() / "scratch" / hashlib.sha256(str(p).rstrip("/").encode()).hexdigest()[:24]
 
 
+@contextlib.contextmanager
+def writer_lock(final: AnyPath) -> Iterator[None]:
+    """Be the one process of this machine (of this cache) writing output `final`: a second one is
+    refused at once, naming the output, instead of sharing its work files. Writers on other
+    machines are kept apart by the commit record's conditional PUT (`commit`)."""
+    where = str(path(final)) if is_remote(final) else str(Path(final).resolve())
+    lock = cache_root() / "locks" / (hashlib.sha256(where.rstrip("/").encode()).hexdigest()[:24] + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with builtins.open(lock, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ContractError(final, f"another process on this machine is writing this output (it holds {lock}); "
+                                       "wait for it to finish, or write elsewhere") from None
+        yield                                # the lock goes with the file handle, also when the process dies
+
+
 def local_copy(directory: AnyPath) -> Path:
     """A local directory with the committed content of `directory`: `directory` itself when it is
     local; for an object store, a copy in the cache (`$PUROKIT_CACHE_DIR`, keyed by the committed
@@ -451,14 +619,14 @@ def local_copy(directory: AnyPath) -> Path:
     local = cache_root() / "staged" / key
     src = path(directory) / record["attempt"]
     fs, inner = filesystem(src)
-    for f in record["files"]:
-        dest = local / f["path"]
+    for i, f in enumerate(record["files"]):
+        dest = _staged_path(local, f["path"], path(directory) / COMMIT_NAME, i)
         if dest.is_file() and dest.stat().st_size == f["n_bytes"] and sha256_file(dest) == f["sha256"]:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = _local_tmp_beside(dest)
         try:
-            fs.get_file(f"{inner}/{f['path']}", str(tmp))
+            _fetch(fs, src, f["path"], tmp)
             got = sha256_file(tmp)
             if got != f["sha256"] or tmp.stat().st_size != f["n_bytes"]:
                 raise ContractError(src / f["path"], f"sha256 {got[:16]}… / {tmp.stat().st_size} bytes do not match "
@@ -467,6 +635,27 @@ def local_copy(directory: AnyPath) -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     return local
+
+
+def _staged_path(local: Path, rel: str, record: object, i: int) -> Path:
+    """Where entry `rel` of a commit record is staged: resolved, and refused (naming the record and
+    the entry) unless it stays inside the output's staging directory in the cache."""
+    dest = (local / rel).resolve()
+    if not (dest.is_relative_to(local.resolve()) and dest.is_relative_to(cache_root().resolve())):
+        raise ContractError(record, f"entry {i} ({rel!r}) would be staged at {dest}, outside {local}: refused",
+                            field=f"files[{i}]")
+    return dest
+
+
+def _fetch(fs: Any, src: Any, rel: str, dest: Path) -> None:
+    """Download object `src/rel` to `dest`; a missing object is an error naming its URL."""
+    _, inner = filesystem(src)
+    try:
+        fs.get_file(f"{inner}/{rel}", str(dest))
+    except FileNotFoundError:
+        why = ("the commit record lists it, but the object does not exist" if fs.exists(inner) else
+               f"the commit record names attempt {src.name}, which holds no objects (deleted?)")
+        raise ContractError(src / rel, why + "; the output is damaged, write it again") from None
 
 
 def _dump(obj: Any) -> bytes:

@@ -15,20 +15,37 @@ from typing import Any
 from common import storage
 from common.errors import ContractError
 from common.manifest import MANIFEST_NAME
-from mixtures.shards import ShardManifest, ShardSet
+from mixtures.shards import INDEX_SUFFIX, TOKENS_SUFFIX, ShardManifest, ShardSet
 
 
 def find_sets(path: str | os.PathLike) -> dict[str, Path]:
-    """The shard set at `path`, or every directory directly under it with a manifest, by name
-    (an unreadable manifest is not skipped: `inspect_sets` reports it)."""
+    """The shard set at `path`, or every directory directly under it with a manifest, by name (an
+    unreadable manifest, or shard files without a manifest, are not skipped: `inspect_sets` reports them)."""
     p = storage.path(path)
-    if storage.has_committed(p, MANIFEST_NAME):
+    if _is_set(p) or (p.is_dir() and _holds_shard_files(p)):
         return {p.name: p}
     out = {}
     for d in sorted(p.iterdir()) if p.is_dir() else []:
-        if d.is_dir() and not d.name.startswith(".") and storage.has_committed(d, MANIFEST_NAME):
+        if d.is_dir() and not d.name.startswith(".") and (_is_set(d) or _holds_shard_files(d)):
             out[d.name] = d
     return out
+
+
+def _is_set(d) -> bool:
+    try:
+        return storage.has_committed(d, MANIFEST_NAME)
+    except ContractError:               # an unreadable commit record: reported when the set is opened
+        return True
+
+
+def _holds_shard_files(d) -> bool:
+    """Whether directory `d` holds (commits, on an object store) token or index files of shards."""
+    if storage.is_remote(d):
+        record = storage.read_commit(d)
+        names = [f["path"] for f in record["files"]] if record else []
+    else:
+        names = [f.name for f in d.iterdir()]
+    return any(n.endswith((TOKENS_SUFFIX, INDEX_SUFFIX)) for n in names)
 
 
 def describe(name: str, m: ShardManifest, max_rows: int = 40) -> list[str]:

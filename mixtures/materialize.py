@@ -373,8 +373,17 @@ def materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLik
     (with `flat=True` and exactly one set: at `out_dir` itself).
 
     Sets whose complete manifest records the same spec and inputs are reused (pass force=True to
-    rewrite). Returns {set name: manifest}.
+    rewrite). Returns {set name: manifest}. A second writer of `out_dir` fails naming it: at once
+    on the same machine (`storage.writer_lock`), at its commit on another (`storage.commit`).
     """
+    with storage.writer_lock(out_dir):
+        return _materialize(spec, out_dir, sets=sets, work_dir=work_dir, keep_work=keep_work, progress=progress,
+                            force=force, flat=flat)
+
+
+def _materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLike, *, sets: list[str] | None,
+                 work_dir: str | os.PathLike | None, keep_work: bool, progress: Callable[[str], None] | None,
+                 force: bool, flat: bool) -> dict[str, ShardManifest]:
     progress = progress or (lambda m: log.info(m))
     if not isinstance(spec, MixtureSpec):
         spec = load_spec(spec)

@@ -238,7 +238,8 @@ class ShardManifest(RunManifest):
         """Read, validate, and check the manifest against its own digest (a hand-edited field is
         refused: the set would be read with other parameters than it was written with)."""
         manifest = super().read(path)
-        mpath = Path(path) / MANIFEST_NAME if Path(path).is_dir() else Path(path)
+        mpath = storage.path(path)
+        mpath = mpath / MANIFEST_NAME if mpath.is_dir() else mpath
         if manifest.manifest_digest and manifest.manifest_digest != manifest.compute_digest():
             raise ShardError(mpath, f"does not match its own digest (manifest_digest "
                                     f"{manifest.manifest_digest[:12]}…, content {manifest.compute_digest()[:12]}…): "
@@ -587,9 +588,14 @@ class ShardSet:
 
     @classmethod
     def open(cls, directory: str | os.PathLike, tokenizer: Any = None, verify_hashes: bool = False) -> "ShardSet":
-        directory = storage.local_copy(directory)      # an object-store set is staged, sha256-checked
+        location, directory = directory, storage.local_copy(directory)   # an object-store set is staged, sha256-checked
         if not directory.is_dir():
             raise ShardError(directory, "shard set directory not found")
+        if storage.is_remote(location) and not (directory / MANIFEST_NAME).is_file():
+            record = storage.join(location, storage.COMMIT_NAME)
+            raise ShardError(storage.join(location, MANIFEST_NAME),
+                             f"missing: the commit record {record} does not list it (not a shard set, or a "
+                             "damaged one)")
         manifest = ShardManifest.read(directory / MANIFEST_NAME)
         mpath = directory / MANIFEST_NAME
         if manifest.n_tokens != sum(s.n_tokens for s in manifest.shards):

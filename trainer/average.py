@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from common import storage
 from common.errors import ContractError
 from common.hashing import sha256_file
 from trainer import checkpoint as ckpt
@@ -75,7 +76,7 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]], dtype: torch.dtyp
 def average_checkpoints(sources: list[str | os.PathLike], out: str | os.PathLike,
                         dtype: torch.dtype = torch.bfloat16) -> Path:
     """Average the given checkpoint directories into `out` (a checkpoint of kind `average`)."""
-    dirs = [Path(s) for s in sources]
+    dirs = [storage.path(s) for s in sources]
     states = [ckpt.read_state(d) for d in dirs]
     models = {tuple(sorted(s.model.items())) for s in states}
     if len(models) != 1:
@@ -86,7 +87,7 @@ def average_checkpoints(sources: list[str | os.PathLike], out: str | os.PathLike
     state = ckpt.CheckpointState(
         kind="average", step=newest.step, tokens_seen=newest.tokens_seen, run_start_step=newest.run_start_step,
         data_cursor=newest.data_cursor, schedule=newest.schedule, config=newest.config, model=newest.model,
-        sources=[{"path": str(d), "step": s.step, "weights_sha256": sha256_file(d / ckpt.WEIGHTS)}
+        sources=[{"path": str(d), "step": s.step, "weights_sha256": sha256_file(storage.local_copy(d) / ckpt.WEIGHTS)}
                  for d, s in zip(dirs, states)])
     return ckpt.save_checkpoint(out, avg, None, state)
 
@@ -94,7 +95,7 @@ def average_checkpoints(sources: list[str | os.PathLike], out: str | os.PathLike
 def average_last(checkpoints_root: str | os.PathLike, out: str | os.PathLike, n: int = 6, spacing: int = 100,
                  dtype: torch.dtype = torch.bfloat16) -> Path:
     """CMA: average the last n checkpoints (spaced `spacing` steps) found under a checkpoints dir or run dir."""
-    root = Path(checkpoints_root)
+    root = storage.path(checkpoints_root)
     if not ckpt.list_checkpoints(root) and ckpt.list_checkpoints(root / "checkpoints"):
         root = root / "checkpoints"
     found = dict(ckpt.list_checkpoints(root))

@@ -163,7 +163,8 @@ _VERIFIED: set[tuple[str, int, int, str]] = set()     # (path, size, mtime_ns, s
 
 def verify_file(directory: str | os.PathLike, name: str) -> None:
     """Check one tensor file of a checkpoint against the sha256 its state.json records (older
-    checkpoints record none: nothing to check). Raises ContractError naming the file."""
+    checkpoints record none: nothing to check). Raises ContractError naming the file (by its URL
+    for an object-store checkpoint)."""
     path = storage.local_copy(directory) / name
     want = read_state(directory).files.get(name)
     if want is None or not path.is_file():
@@ -174,26 +175,27 @@ def verify_file(directory: str | os.PathLike, name: str) -> None:
         return
     got = sha256_file(path)
     if got != want:
-        raise ContractError(path, f"sha256 {got[:16]}… does not match the {want[:16]}… recorded in state.json: "
-                                  "the checkpoint is damaged")
+        raise ContractError(storage.path(directory) / name, f"sha256 {got[:16]}… does not match the {want[:16]}… "
+                                                            "recorded in state.json: the checkpoint is damaged")
     _VERIFIED.add(key)
 
 
 def verify_checkpoint(directory: str | os.PathLike) -> CheckpointState:
     """state.json, with every tensor file it lists checked against its sha256 (an older checkpoint
     without hashes: the weights' header is parsed). Raises ContractError naming the bad file."""
+    location = storage.path(directory)
     directory = storage.local_copy(directory)      # an object-store checkpoint: staged, sha256-checked
     state = read_state(directory)
     for name in state.files:
         if not (directory / name).is_file():
-            raise ContractError(directory / name, "missing (state.json records its sha256)")
-        verify_file(directory, name)
+            raise ContractError(location / name, "missing (state.json records its sha256)")
+        verify_file(location, name)
     if not state.files:
         try:
             with safe_open(str(directory / WEIGHTS), framework="pt"):
                 pass
         except (SafetensorError, OSError) as e:
-            raise ContractError(directory / WEIGHTS, f"not a readable safetensors file ({e})") from None
+            raise ContractError(location / WEIGHTS, f"not a readable safetensors file ({e})") from None
     return state
 
 
@@ -292,8 +294,10 @@ def resume_point(ckpt_dir: str | os.PathLike, config: dict[str, Any],
     against `config` (`check_resume_config`). None when the run has no checkpoint yet; a
     ContractError when every checkpoint is damaged."""
     damaged: list[str] = []
-    for _, directory in reversed(list_checkpoints(ckpt_dir)):
+    for _, directory, unreadable in reversed(_step_dirs(ckpt_dir)):
         try:
+            if unreadable is not None:
+                raise unreadable
             state = verify_checkpoint(directory)
             if state.kind == "train":
                 verify_file(directory, OPTIMIZER)
@@ -302,10 +306,9 @@ def resume_point(ckpt_dir: str | os.PathLike, config: dict[str, Any],
             log.warning("checkpoint %s is damaged (%s); moved to %s, resuming from the one before it",
                         directory, e, aside.name)
             damaged.append(str(e))
-            try:
-                os.replace(directory, aside)      # kept for a post-mortem; no longer a checkpoint, so the
-            except OSError:                       # resumed run writes this step again (another rank may
-                pass                              # have moved it already)
+            # kept for a post-mortem; no longer a checkpoint, so the resumed run writes this step again
+            # (another rank may have moved it already)
+            storage.move_aside(directory, aside)
             continue
         others = check_resume_config(state.config, config, allow_changes, directory / STATE)
         if others:
@@ -317,16 +320,28 @@ def resume_point(ckpt_dir: str | os.PathLike, config: dict[str, Any],
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints under `root`, by step. Temporaries of a killed writer are ignored."""
+    """Complete checkpoints under `root`, by step. Temporaries of a killed writer are ignored, and
+    so is a step whose commit record is unreadable (`resume_point` reports and moves it aside)."""
+    return [(step, p) for step, p, unreadable in _step_dirs(root) if unreadable is None]
+
+
+def _step_dirs(root: str | os.PathLike) -> list[tuple[int, Path, ContractError | None]]:
+    """(step, directory, None) for each complete checkpoint under `root`, and (step, directory,
+    the error) for each step directory on an object store whose commit record is unreadable."""
     root = storage.path(root)
     if not root.is_dir():
         return []
     out = []
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and storage.has_committed(p, STATE) and storage.has_committed(p, WEIGHTS):
-            out.append((int(m.group(1)), p))
-    return sorted(out)
+        if not (m and p.is_dir()):
+            continue
+        try:
+            if storage.has_committed(p, STATE) and storage.has_committed(p, WEIGHTS):
+                out.append((int(m.group(1)), p, None))
+        except ContractError as e:
+            out.append((int(m.group(1)), p, e))
+    return sorted(out, key=lambda t: t[0])
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:

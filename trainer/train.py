@@ -289,9 +289,12 @@ def zero_grad_fractions(model: torch.nn.Module) -> dict[str, float]:
 class MetricsLog:
     """JSONL metrics (rank 0), cut back to the resume step so nothing is duplicated; optional TensorBoard."""
 
-    def __init__(self, run_dir: Path, keep_up_to_step: int | None, enabled: bool, tensorboard: bool):
-        """keep_up_to_step: the resume step (records after it are dropped); None: start afresh."""
+    def __init__(self, run_dir: Path, keep_up_to_step: int | None, enabled: bool, tensorboard: bool,
+                 store: Any = None):
+        """keep_up_to_step: the resume step (records after it are dropped); None: start afresh.
+        store: the object-store run directory the local files are published to (None: run_dir is it)."""
         self.path = run_dir / METRICS
+        self.store = store
         self.enabled = enabled
         self.tb = None
         self.last_eval_step: int | None = None
@@ -300,6 +303,8 @@ class MetricsLog:
         if not enabled:
             return
         keep = []
+        if store is not None and not self.path.exists() and storage.exists(store / METRICS):
+            self.path.write_bytes((store / METRICS).read_bytes())     # resumed on another machine
         if self.path.exists() and keep_up_to_step is not None:
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
@@ -332,8 +337,21 @@ class MetricsLog:
                 if isinstance(v, (int, float)) and k != "step":
                     self.tb.add_scalar(k, v, rec["step"])
 
+    def publish(self) -> None:
+        """Copy the metrics (and TensorBoard's files) to the object-store run directory."""
+        if not self.enabled or self.store is None:
+            return
+        self.fh.flush()
+        storage.write_bytes(self.store / METRICS, self.path.read_bytes())
+        if self.tb is not None:
+            self.tb.flush()
+            local = self.path.parent / "tensorboard"
+            for rel, _, _ in storage.list_files(local):
+                storage.write_bytes(self.store / "tensorboard" / rel, (local / rel).read_bytes())
+
     def close(self) -> None:
         if self.enabled:
+            self.publish()
             self.fh.close()
             if self.tb is not None:
                 self.tb.close()
@@ -808,7 +826,8 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
     shape = shape_from_config(built.model_cfg)
 
     params = count_params(model)
-    metrics = MetricsLog(run_dir, step if start.kind == "resume" else None, dist_.is_main, cfg.log.tensorboard)
+    store = storage.path(cfg.run_dir) if storage.is_remote(cfg.run_dir) else None   # where run outputs go
+    metrics = MetricsLog(run_dir, step if start.kind == "resume" else None, dist_.is_main, cfg.log.tensorboard, store)
     progress = Progress(cfg.log.progress, total_steps, step, dist_.is_main, cfg.log.every_steps)
     where = {"resume": f"resumed from {start.directory}", "init": f"initialized from {start.directory}",
              "scratch": "from scratch"}[start.kind]
@@ -864,6 +883,7 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
                 run_eval(step)
             if do_save:
                 checkpointer.save(step, tokens_seen, prefetch.cursor)
+                metrics.publish()
             records.restart_clock()
     records.flush()
     gc.enable()
@@ -875,17 +895,19 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
     average_dir = average_eval = None
     done_avg = metrics.last_average_eval
     if cfg.average is not None and done_avg is not None and done_avg["step"] == step \
-            and (run_dir / "average" / ckpt.STATE).is_file():
-        average_dir, average_eval = run_dir / "average", done_avg      # a finished run, started again
+            and storage.has_committed((store or run_dir) / "average", ckpt.STATE):
+        average_dir, average_eval = (store or run_dir) / "average", done_avg      # a finished run, started again
     elif cfg.average is not None:
-        average_dir, average_eval = build_average(cfg, run_dir, ckpt_dir, built, eval_factory, dist_, precision)
+        average_dir, average_eval = build_average(cfg, store or run_dir, ckpt_dir, built, eval_factory, dist_,
+                                                  precision)
         if average_eval is not None:
             metrics.write({"kind": "eval", "model": "average", "step": step, "tokens_seen": tokens_seen, **average_eval})
             progress.note(f"[eval] average of {cfg.average.n} checkpoints: held-out loss {average_eval['eval_loss']:.4f}")
     progress.close()
     metrics.close()
-    summary = {"run_dir": str(run_dir), "step": step, "tokens_seen": tokens_seen, "params": params,
-               "checkpoint": str(ckpt_dir / ckpt.step_dir_name(step)), "metrics": str(metrics.path),
+    summary = {"run_dir": str(store or run_dir), "step": step, "tokens_seen": tokens_seen, "params": params,
+               "checkpoint": str(ckpt_dir / ckpt.step_dir_name(step)),
+               "metrics": str((store / METRICS) if store else metrics.path),
                "eval_loss": last_eval["eval_loss"] if last_eval else None,
                "average": str(average_dir) if average_dir else None,
                "average_eval_loss": average_eval["eval_loss"] if average_eval else None}

@@ -106,3 +106,17 @@ def test_inspect_verify_fails_on_any_set_it_cannot_read(tmp_path, capsys):
     assert "good:" in out and "bad: UNREADABLE" in out
     assert "bad" in err and "not valid JSON" in err and "flipped" in err and "sha256" in err
     assert mixtures_main(["inspect", str(tmp_path / "sets" / "good"), "--verify"]) == 0
+
+
+def test_inspect_verify_reports_shard_files_whose_manifest_was_deleted(tmp_path, capsys):
+    _set(tmp_path / "sets" / "good")
+    _set(tmp_path / "sets" / "orphaned")
+    (tmp_path / "sets" / "orphaned" / "manifest.json").unlink()
+    (tmp_path / "sets" / "notes").mkdir()                     # a directory with no shard files: not a set
+    (tmp_path / "sets" / "notes" / "readme.txt").write_text("x")
+    assert mixtures_main(["inspect", str(tmp_path / "sets"), "--verify"]) == 1
+    out, err = capsys.readouterr()
+    assert "good:" in out and "orphaned: UNREADABLE" in out and "notes" not in out
+    assert f"{tmp_path / 'sets' / 'orphaned' / 'manifest.json'}: no manifest here" in err
+    assert mixtures_main(["inspect", str(tmp_path / "sets" / "orphaned"), "--verify"]) == 1     # named itself
+    assert "orphaned: UNREADABLE" in capsys.readouterr().out
