@@ -93,6 +93,8 @@ def test_a_line_a_gemm_where_paths_differ(fp8_17b, monkeypatch):
     assert paths[("down_proj", "fprop")] == "library coop_256x128_c1x1"
     assert paths[("q_proj+k_proj+v_proj", "fprop")] == "cuBLAS"
     assert all(p.startswith("library") for (_, role), p in paths.items() if role == "wgrad")
+    # a build without DeepGEMM: the table's DeepGEMM choices (6 of the 12) run on cuBLAS, and say so
+    assert sum("DEEPGEMM_DIR" in r.why and r.path == "cuBLAS" for r in rows) == 6
     lines = describe_gemm_paths(fp8_17b, None, 32768, torch.device("cuda", 0)).splitlines()
     assert len(lines) == 13 and lines[0].endswith("(M x N x K):")
     assert "down_proj" in lines[10] and "32768x2048x6144" in lines[10] and "library coop_256x128_c1x1" in lines[10]
