@@ -21,7 +21,8 @@ def test_pick_gemm_follows_the_measured_table_and_says_why():
     assert pick_gemm("fprop", 32768, 4096, 2048, "auto", USABLE, H200, CUTLASS_ONLY) == (
         CUBLAS, f"measured faster than the library on {H200} (gemm_table.json)")
     choice, why = pick_gemm("fprop", 32768, 2048, 6144, "auto", USABLE, H200, CUTLASS_ONLY)
-    assert choice == GemmChoice("cutlass", "coop_256x128_c1x1") and why == f"measured fastest on {H200} (gemm_table.json)"
+    assert choice == GemmChoice("cutlass", "coop_256x128_c1x1")
+    assert why == f"measured fastest on {H200} (gemm_table.json)"
     # a DeepGEMM config the build lacks: cuBLAS, and what to set to get it; with it built, the library
     choice, why = pick_gemm("fprop", 32768, 2048, 2048, "auto", USABLE, H200, CUTLASS_ONLY)
     assert choice == CUBLAS and "deepgemm_256x128_c1x1_n2048_k2048 is not in this library build" in why

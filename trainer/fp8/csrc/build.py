@@ -17,7 +17,9 @@ wheel; CUTLASS as ``--cutlass``, ``$CUTLASS_DIR`` (a checkout), then the wheel. 
 folder holding ``deep_gemm/include``, github.com/deepseek-ai/DeepGEMM) is optional: with it the
 ``deepgemm_*`` configs (deepgemm_configs.hpp) compile DeepGEMM's Hopper kernels; without it they are
 built as configs that answer "built without DeepGEMM" and the GEMM table cannot pick them. What is
-missing is named in one line with the package to install. The source is compiled once per kernel config (one object each,
+missing is named in one line with the package to install.
+
+The source is compiled once per kernel config (one object each,
 ``--jobs`` at a time (0: as many as the cores and the available memory at ~4 GB each allow: :func:`auto_jobs`;
 a CUTLASS one takes ~1 min and ~4 GB of memory, a DeepGEMM one ~15 s) plus once
 for the exported API, and
@@ -334,7 +336,8 @@ def _stubs(out: Path, nvcc_path: str, missing: list[int]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for the library and the object cache")
-    p.add_argument("--jobs", type=int, default=1, help="nvcc processes at a time (~4 GB of memory each; 0: as many as cores and memory allow)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="nvcc processes at a time (~4 GB of memory each; 0: as many as cores and memory allow)")
     p.add_argument("--cutlass", help="CUTLASS checkout (default $CUTLASS_DIR)")
     p.add_argument("--nvcc", help="nvcc to use (default: $NVCC, $CUDA_HOME, PATH, the pip wheel)")
     p.add_argument("--deepgemm", help="DeepGEMM checkout for the deepgemm_* configs (default $DEEPGEMM_DIR; optional)")
