@@ -220,6 +220,14 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()[:16]
 
 
+_SPILL = re.compile(r"(\d+) bytes spill stores")
+
+
+def spilled_bytes(ptxas_log: str) -> int:
+    """The most bytes any kernel of an object spills (ptxas -v's "N bytes spill stores" lines), 0 where none."""
+    return max((int(n) for n in _SPILL.findall(ptxas_log)), default=0)
+
+
 def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path,
              deepgemm: Path | None = None) -> tuple[int, float]:
     if config == QUANT:
@@ -295,7 +303,9 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
             config, obj = futures[fut]
             rc, secs = fut.result()
             name = {-1: "api", QUANT: "quantizers"}.get(config) or rows[config][1]
-            print(f"  [{'ok' if rc == 0 else 'FAILED'}] config {config} ({name}) in {secs:.0f} s", flush=True)
+            spill = spilled_bytes(obj.with_suffix(".log").read_text()) if rc == 0 and config >= 0 else 0
+            note = f" (a kernel spills {spill} bytes: slower than measured; CUTLASS {cversion})" if spill else ""
+            print(f"  [{'ok' if rc == 0 else 'FAILED'}] config {config} ({name}) in {secs:.0f} s{note}", flush=True)
             if rc != 0:
                 failed.append(obj.with_suffix(".log"))
     if failed:
