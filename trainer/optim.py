@@ -9,8 +9,12 @@ Routing (behaviour 20): q, k, v, o, gate, up and down projections go to the matr
 embeddings, the LM head, every RMSNorm gain (QK-norm included) and anything else go to AdamW.
 The matrix groups run at m times the base learning rate (m = 10 in Puro), AdamW groups at the base.
 
-Newton-Schulz runs batched over all matrices of the same shape (one `baddbmm` chain per shape), and
-under data parallelism each rank orthogonalizes a contiguous share of every shape's stack and the
+Newton-Schulz runs batched over all matrices of the same shape (one `baddbmm` chain per shape), in one of
+two forms of the same iteration (`ns_form`): `standard` multiplies the (m, n) matrix every step; `gram`
+(Zhang, Amsel, Chen and Dao 2026, "Gram Newton-Schulz", as dion and DeepSpeed ship it) iterates on the
+(m, m) Gram matrix of a non-square one and multiplies the (m, n) matrix only at a restart and at the end,
+fewer FLOPs where n > ~2m (the MLP matrices). Which runs faster on the GPU is not measured yet; `standard`
+stays the default. Under data parallelism each rank orthogonalizes a contiguous share of every shape's stack and the
 results are all-gathered (as in modded-nanogpt), so the work is split, not repeated. Under FSDP2 the
 matrices are row shards (DTensors): the step gathers each full gradient and matrix (Newton-Schulz and
 the hyperball norm need whole matrices), splits the Newton-Schulz work over the ranks as above, and
@@ -31,6 +35,11 @@ from pydantic import Field
 from common.config import StrictModel
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)     # quintic Newton-Schulz (Keller Jordan's Muon)
+NS_FORMS = ("standard", "gram")
+# the Gram form's restarts: before these iterations X is rebuilt from the accumulated polynomial and the Gram
+# matrix recomputed from it, which removes the drift a low-precision (bf16) Gram matrix gathers (Dao et al.'s
+# default: one restart, before the third of five iterations)
+GRAM_RESTARTS = (2,)
 MATRIX_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -44,7 +53,10 @@ class OptimConfig(StrictModel):
     nesterov: bool = True
     ns_steps: int = 5
     ns_coeffs: tuple[float, float, float] = NS_COEFFS
-    ns_dtype: str = Field("auto", pattern="^(auto|float32|bfloat16)$")      # auto: bf16 on CUDA, fp32 on CPU
+    # auto: on CUDA bf16 (standard form) or fp16 (gram: its Gram-matrix products need fp16's 10 mantissa bits,
+    # Dao et al.'s choice; in bf16 its error on a decaying spectrum is ~9x the standard form's), fp32 on CPU
+    ns_dtype: str = Field("auto", pattern="^(auto|float32|bfloat16|float16)$")
+    ns_form: str = Field("standard", pattern="^(standard|gram)$")   # the Gram form of the same iteration
     muon_weight_decay: float = 0.1        # decoupled, Eq. 3 (plain Muon and ELR-aligned Muon only)
     muon_scale: str = Field("shape", pattern="^(shape|none)$")   # plain Muon: sqrt(max(1, rows/cols)) (Keller)
     adam_betas: tuple[float, float] = (0.9, 0.95)
@@ -100,12 +112,13 @@ def nesterov_momentum_(buf, grad, beta: float, nesterov: bool = True):
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, float] = NS_COEFFS,
-                  dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
+                  dtype: torch.dtype = torch.float32, eps: float = 1e-7, form: str = "standard") -> torch.Tensor:
     """Approximate the orthogonal polar factor U V^T of G = U S V^T with the quintic iteration
     X <- a X + (b A + c A^2) X, A = X X^T, after scaling X to unit Frobenius norm.
 
     G: (..., m, n), batched over leading dims. Works on the wide orientation (m <= n) so that A is
-    the smaller Gram matrix. Returns a tensor of G's dtype.
+    the smaller Gram matrix. ``form="gram"`` computes the same iterates through :func:`gram_iterations`
+    (a square matrix keeps the standard form: the Gram form saves nothing there). Returns a tensor of G's dtype.
     """
     a, b, c = coeffs
     X = G.to(dtype)
@@ -113,13 +126,50 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, f
     if transposed:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
-    for _ in range(steps):
-        A = X @ X.mT
-        B = torch.baddbmm(A, A, A, beta=b, alpha=c) if A.ndim == 3 else b * A + c * (A @ A)
-        X = torch.baddbmm(X, B, X, beta=a, alpha=1.0) if X.ndim == 3 else a * X + B @ X
+    if form == "gram" and X.size(-2) < X.size(-1):
+        X = gram_iterations(X, steps, coeffs)
+    else:
+        for _ in range(steps):
+            A = X @ X.mT
+            B = torch.baddbmm(A, A, A, beta=b, alpha=c) if A.ndim == 3 else b * A + c * (A @ A)
+            X = torch.baddbmm(X, B, X, beta=a, alpha=1.0) if X.ndim == 3 else a * X + B @ X
     if transposed:
         X = X.mT
     return X.to(G.dtype)
+
+
+def gram_iterations(X: torch.Tensor, steps: int, coeffs: tuple[float, float, float],
+                    restarts: tuple[int, ...] = GRAM_RESTARTS) -> torch.Tensor:
+    """The quintic iteration on a wide (..., m, n) X, m < n, in its Gram form: each step's polynomial
+    P = a I + b R + c R^2 of R = X X^T is a polynomial of R, so X_t = Q X_0 with Q = P_1 ... P_t, and the next
+    Gram matrix is P R P. Only (m, m) products run in the loop; X is multiplied at a restart (``restarts``:
+    X <- Q X, R recomputed from it) and once at the end."""
+    a, b, c = coeffs
+    shape = X.shape
+    X = X.reshape(-1, *shape[-2:])
+    eye = torch.eye(shape[-2], dtype=X.dtype, device=X.device).expand(X.shape[0], -1, -1)
+    R, Q = X @ X.mT, None
+    for i in range(steps):
+        if Q is not None and i in restarts:
+            X = Q @ X
+            R, Q = X @ X.mT, None
+        Z = torch.baddbmm(R, R, R, beta=b, alpha=c)                 # P - a I
+        Q = Z + a * eye if Q is None else torch.baddbmm(Q, Q, Z, beta=a)
+        if i + 1 < steps and i + 1 not in restarts:
+            RP = torch.baddbmm(R, R, Z, beta=a)                     # R P
+            R = torch.baddbmm(RP, Z, RP, beta=a)                    # P R P
+    return (Q @ X).reshape(shape)
+
+
+def ns_dtype_for(setting: str, form: str, device: torch.device) -> torch.dtype:
+    """The dtype Newton-Schulz runs in: ``setting`` (OptimConfig.ns_dtype); ``auto`` is float32 off CUDA and on
+    CUDA bfloat16 for the standard form, float16 for the Gram form (whose products of the Gram matrix lose the
+    small singular values in bfloat16's 8-bit mantissa: tests/trainer/test_optim.py measures it)."""
+    if setting != "auto":
+        return getattr(torch, setting)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.float16 if form == "gram" else torch.bfloat16
 
 
 def frobenius(x: torch.Tensor) -> torch.Tensor:
@@ -234,9 +284,11 @@ class MatrixOptimizer(torch.optim.Optimizer):
     def __init__(self, param_groups: list[dict[str, Any]], rule: str = "muonh", momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, ns_coeffs=NS_COEFFS, ns_dtype: str = "auto",
                  weight_decay: float = 0.0, muon_scale: str = "shape", distribute: bool = True,
-                 compile: bool = False):
+                 compile: bool = False, ns_form: str = "standard"):
         if rule not in ("muonh", "muon", "muon_elr"):
             raise ValueError(f"unknown matrix rule {rule!r}")
+        if ns_form not in NS_FORMS:
+            raise ValueError(f"unknown Newton-Schulz form {ns_form!r}: expected one of {NS_FORMS}")
         defaults = dict(lr=0.0, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
         super().__init__(param_groups, defaults)
         for g in self.param_groups:
@@ -245,6 +297,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"{rule} takes 2-D matrices; group {g.get('name')} has shape {tuple(p.shape)}")
         self.rule, self.ns_steps, self.ns_coeffs = rule, ns_steps, tuple(ns_coeffs)
         self.ns_dtype, self.muon_scale, self.distribute = ns_dtype, muon_scale, distribute
+        self.ns_form = ns_form
         self.last_effective_lr: dict[str, list[float]] = {}
         self.measure = True                   # measure rho this step (a host sync; the loop turns it off)
         self._radius_cache: dict[tuple[int, int], tuple[list[torch.Tensor], torch.Tensor]] = {}
@@ -270,9 +323,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
                     st["radius"] = R
 
     def _ns_dtype(self, device: torch.device) -> torch.dtype:
-        if self.ns_dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return getattr(torch, self.ns_dtype)
+        return ns_dtype_for(self.ns_dtype, self.ns_form, device)
 
     @torch.no_grad()
     def _orthogonalize(self, stack: torch.Tensor) -> torch.Tensor:
@@ -280,12 +331,13 @@ class MatrixOptimizer(torch.optim.Optimizer):
         rank, world = _dp_world()
         dtype = self._ns_dtype(stack.device)
         if not self.distribute or world == 1:
-            return newton_schulz(stack, self.ns_steps, self.ns_coeffs, dtype)
+            return newton_schulz(stack, self.ns_steps, self.ns_coeffs, dtype, form=self.ns_form)
         k = stack.shape[0]
         per_rank = math.ceil(k / world)
         padded = torch.zeros((per_rank * world, *stack.shape[1:]), dtype=stack.dtype, device=stack.device)
         padded[:k] = stack
-        mine = newton_schulz(padded[rank * per_rank:(rank + 1) * per_rank], self.ns_steps, self.ns_coeffs, dtype)
+        mine = newton_schulz(padded[rank * per_rank:(rank + 1) * per_rank], self.ns_steps, self.ns_coeffs, dtype,
+                             form=self.ns_form)
         gathered = torch.empty_like(padded)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(gathered, mine.contiguous())
@@ -357,7 +409,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
         fn = self._ns_fns.get(device)
         if fn is None:
             fn = self._ns_fns[device] = functools.partial(newton_schulz, steps=self.ns_steps, coeffs=self.ns_coeffs,
-                                                          dtype=self._ns_dtype(device))
+                                                          dtype=self._ns_dtype(device), form=self.ns_form)
         return fn
 
 
@@ -454,7 +506,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, compile: bool = Fa
         optimizers["matrix"] = MatrixOptimizer(
             matrix_groups, rule=cfg.matrix, momentum=cfg.momentum, nesterov=cfg.nesterov, ns_steps=cfg.ns_steps,
             ns_coeffs=cfg.ns_coeffs, ns_dtype=cfg.ns_dtype, muon_scale=cfg.muon_scale, distribute=cfg.distribute_ns,
-            compile=compile)
+            compile=compile, ns_form=cfg.ns_form)
     # fused (one kernel for all tensors) where every parameter is on CUDA, foreach elsewhere
     on_cuda = all(p.device.type == "cuda" for g in adam_groups for p in g["params"])
     optimizers["adamw"] = torch.optim.AdamW(adam_groups, lr=0.0, betas=cfg.adam_betas, eps=cfg.adam_eps,

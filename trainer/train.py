@@ -834,6 +834,9 @@ def _train(cfg: RunConfig, dist_: Dist, allow_config_change: tuple[str, ...] = (
     progress.note(f"[trainer] {where}: step {step}/{total_steps}, {params['total']:,} params "
                   f"({params['non_embedding']:,} non-embedding), {precision} on {device}, {dist_.world} rank(s) "
                   f"({cfg.parallel.data}), optimizer {cfg.optim.matrix}+adamw, {tokens_per_step:,} tokens/step")
+    if precision == "fp8-blockwise":
+        from trainer.fp8.paths import describe_gemm_paths
+        progress.note(describe_gemm_paths(model, cfg.fp8, mbs * seq_len, device))
 
     last_eval: dict[str, float] | None = metrics.last_eval
     last_eval_step = metrics.last_eval_step

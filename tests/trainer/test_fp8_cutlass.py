@@ -11,7 +11,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,10 +102,83 @@ def test_deepgemm_rows_alone_depend_on_deepgemm():
 
 def test_build_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.delenv("CUTLASS_DIR", raising=False)
-    with pytest.raises(FileNotFoundError, match="CUTLASS_DIR"):
+    monkeypatch.setattr(build, "_wheel_cutlass", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"CUTLASS not found .*\[fp8-build\].* nvidia-cutlass=="):
         build.find_cutlass()
     with pytest.raises(FileNotFoundError, match="lacks include/cutlass/cutlass.h"):
         build.find_cutlass(str(tmp_path))
+    for var in ("NVCC", "CUDA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(build, "_wheel_nvccs", lambda: [])
+    with pytest.raises(FileNotFoundError, match=r"nvcc not found .*\[fp8-build\].*cuda-toolkit\[nvcc,cccl\]"):
+        build.find_nvcc()
+    assert build.main(["--out", str(tmp_path / "out")]) == 1  # one line, no traceback
+
+
+def test_a_wheel_toolkit_missing_a_part_names_its_package(tmp_path, monkeypatch):
+    """The pip toolkit is several wheels under nvidia/cu13: each part missing is named with its package;
+    a system toolkit (another layout) is taken as whole."""
+    root = tmp_path / "nvidia" / "cu13"
+    nvcc = root / "bin" / "nvcc"
+    parts = {"include/cuda_runtime.h": "nvidia-cuda-runtime", "include/crt/host_config.h": "nvidia-cuda-crt",
+             "nvvm/bin/cicc": "nvidia-nvvm", "include/cccl/cuda/std/type_traits": "nvidia-cuda-cccl"}
+    for path in (nvcc, *(root / p for p in parts)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    monkeypatch.setenv("NVCC_CCBIN", "sh")  # a host compiler "found" whether or not this machine has g++
+    build.check_toolkit(str(nvcc))
+    for part, package in parts.items():
+        (root / part).rename(root / (part + ".away"))
+        with pytest.raises(FileNotFoundError, match=re.escape(package)):
+            build.check_toolkit(str(nvcc))
+        (root / (part + ".away")).rename(root / part)
+    system = tmp_path / "cuda-13.0" / "bin" / "nvcc"
+    system.parent.mkdir(parents=True)
+    system.write_text("")
+    build.check_toolkit(str(system))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NVCC_CCBIN", raising=False)
+    with pytest.raises(FileNotFoundError, match="apt-get install g\\+\\+"):
+        build.check_toolkit(str(system))
+
+
+def test_spills_are_read_from_the_ptxas_log():
+    log = ("ptxas info    : Used 168 registers, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : 192 bytes stack frame, 564 bytes spill stores, 568 bytes spill loads\n")
+    assert build.spilled_bytes(log) == 564 and build.spilled_bytes(log.splitlines()[0]) == 0
+    assert build.spilled_bytes("") == 0
+
+
+def test_parallel_compiles_are_bounded_by_cores_and_memory():
+    gib = 2**30
+    assert build.auto_jobs(16, 128 * gib) == 16
+    assert build.auto_jobs(16, 20 * gib) == 5
+    assert build.auto_jobs(2, 3 * gib) == 1
+
+
+@pytest.mark.slow
+def test_the_sources_compile_for_sm90a_from_the_packages_alone(tmp_path, monkeypatch):
+    """The quantizers, the exported API and one CUTLASS config compile for sm_90a on a machine without a GPU
+    from the fp8-build extra's wheels (nvcc, the CUDA headers, CUTLASS), not a system toolkit or a checkout,
+    and link into a library whose exported table is the one cutlass_gemm speaks. ~1 min and ~4 GB."""
+    nvccs = [n for n in build._wheel_nvccs() if os.path.isfile(n)]
+    cutlass = build._wheel_cutlass()
+    assert nvccs and cutlass is not None, f"the fp8-build extra is not installed: {build.PIP_EXTRA}"
+    for var in ("NVCC", "CUDA_HOME", "CUTLASS_DIR", "DEEPGEMM_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not (Path(p) / "nvcc").exists()))
+    assert build.find_nvcc() == nvccs[0] and build.find_cutlass() == cutlass
+    config = 0
+    path = build.build(tmp_path, jobs=2, only=[config])
+    logs = {p.name.rsplit("-", 1)[0]: p.read_text() for p in (tmp_path / "obj").glob("cfg*.log")}
+    assert set(logs) == {"cfg-1", f"cfg{config}", "cfgquant"}
+    for name in (f"cfg{config}", "cfgquant"):  # ptxas -v: the kernels were compiled to sm_90a code
+        assert "for 'sm_90a'" in logs[name], logs[name][-2000:]
+    assert "bytes spill" in logs[f"cfg{config}"] and build.spilled_bytes(logs[f"cfg{config}"]) == 0
+    lib = cg.Library(path)  # loads without a driver (static runtime); its ABI is checked on load
+    assert lib.configs["act_weight"] == {cg.DEFAULT_ACT_WEIGHT: config} and not lib.configs["act_act"]
 
 
 def test_missing_library_says_where_it_looked(tmp_path, monkeypatch):

@@ -184,8 +184,8 @@ def _load(candidates: tuple[Path, ...]) -> tuple[Library | None, str]:
             except (OSError, AttributeError) as exc:
                 return None, f"cannot load {path}: {exc}"
     where = ", ".join(map(str, candidates))
-    return None, (f"no {LIB_NAME} at {where}: build it with "
-                  "`python -m trainer.fp8.csrc.build --out .gpu_build` (nvcc and $CUTLASS_DIR needed)")
+    return None, (f"no {LIB_NAME} at {where}: build it with `make fp8-gemm-lib` (or `pip install -e "
+                  "'.[fp8-build]'` and `python -m trainer.fp8.csrc.build --out .gpu_build`; no GPU needed)")
 
 
 def library() -> tuple[Library | None, str]:

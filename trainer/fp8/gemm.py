@@ -204,6 +204,43 @@ def table_entry(device_name: str, role: str, m: int, n: int, k: int, table: dict
 _CHOICES: dict[tuple, GemmChoice] = {}
 
 
+def pick_gemm(role: str, m: int, n: int, k: int, lib: str, usable: tuple[bool, str], device_name: str,
+              built: list[str], table: dict | None = None) -> tuple[GemmChoice, str]:
+    """The library (and config) of one blockwise GEMM, and why (pure: what the library and the device are is
+    given). ``usable``: whether the CUTLASS library runs here, and why not; ``built``: the library's configs of
+    this role's kind that run (N, K); ``table``: the measured table (default ``gemm_table.json``)."""
+    if lib == "cublas":
+        return CUBLAS, "the recipe's gemm is cublas"
+    ok, why_not = usable
+    if not ok:
+        if lib == "cutlass":
+            raise RuntimeError(f"fp8 gemm 'cutlass' is not usable here: {why_not}")
+        return CUBLAS, why_not
+    entry = table_entry(device_name, role, m, n, k, table)
+    if entry is None:
+        reason = f"gemm_table.json has no {device_name} row for this shape"
+    elif entry.library != "cutlass":
+        reason = f"measured faster than the library on {device_name} (gemm_table.json)"
+    elif entry.config not in built:
+        # the table names a config this build lacks (a DeepGEMM one, built without $DEEPGEMM_DIR)
+        extra = ": build with DEEPGEMM_DIR set" if entry.config.startswith("deepgemm_") else ""
+        reason = f"gemm_table.json's config {entry.config} is not in this library build{extra}"
+        entry = None
+    else:
+        return entry, f"measured fastest on {device_name} (gemm_table.json)"
+    if lib == "cutlass" and built:
+        return GemmChoice("cutlass", built[0]), f"the recipe's gemm is cutlass ({reason})"
+    return CUBLAS, reason
+
+
+def decide_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.device) -> tuple[GemmChoice, str]:
+    """:func:`pick_gemm` for ``device``: whether the library loads and runs there, its name, the built configs."""
+    usable = cutlass_gemm.available(device) if lib != "cublas" else (False, "")
+    name = torch.cuda.get_device_name(device) if usable[0] else ""
+    built = cutlass_gemm.configs(ROLE_KIND[role], n, k) if usable[0] else []
+    return pick_gemm(role, m, n, k, lib, usable, name, built)
+
+
 def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.device) -> GemmChoice:
     """The library (and CUTLASS config) of one blockwise GEMM. ``lib``: the recipe's ``gemm``; with
     ``auto``, the measured table's choice for this device and shape, cuBLAS where it has none or the
@@ -213,20 +250,9 @@ def choose_gemm(role: str, m: int, n: int, k: int, lib: str, device: torch.devic
     key = (device.index, role, m, n, k, lib)
     if key in _CHOICES:
         return _CHOICES[key]
-    ok, reason = cutlass_gemm.available(device)
-    if not ok and lib == "cutlass":
-        raise RuntimeError(f"fp8 gemm 'cutlass' is not usable here: {reason}")
-    choice = CUBLAS
-    if ok:
-        entry = table_entry(torch.cuda.get_device_name(device), role, m, n, k)
-        if entry is not None and entry.library == "cutlass" and entry.config not in cutlass_gemm.configs(ROLE_KIND[role], n, k):
-            # the table names a config this build lacks (a DeepGEMM one, built without $DEEPGEMM_DIR)
-            log.warning("fp8: the GEMM table's %s config %r for %dx%dx%d is not in this library build; using "
-                        "cuBLAS", role, entry.config, m, n, k)
-            entry = None
-        if lib == "cutlass" and (entry is None or entry.library != "cutlass"):
-            entry = GemmChoice("cutlass", cutlass_gemm.configs(ROLE_KIND[role])[0])
-        choice = entry or CUBLAS
+    choice, reason = decide_gemm(role, m, n, k, lib, device)
+    if choice.library == "cublas" and "not in this library build" in reason:
+        log.warning("fp8: %s %dx%dx%d: %s; using cuBLAS", role, m, n, k, reason)
     log.info("fp8: %s %dx%dx%d on %s%s", role, m, n, k, choice.library, f" ({choice.config})" if choice.config else "")
     _CHOICES[key] = choice
     return choice

@@ -3,17 +3,25 @@ activation quantizers of ``quantize.cu``) ahead of time.
 
 ::
 
-    python -m trainer.fp8.csrc.build --out .gpu_build [--jobs 2] [--cutlass DIR] [--deepgemm DIR] [--nvcc PATH]
+    python -m trainer.fp8.csrc.build --out .gpu_build [--jobs 0] [--cutlass DIR] [--deepgemm DIR] [--nvcc PATH]
 
-Needs nvcc >= 12.4 with sm_90a support and a CUTLASS 4.x checkout (``$CUTLASS_DIR``: the folder that
-holds ``include/cutlass`` and ``tools/util/include``; no CUTLASS build is needed, it is header-only
-here). A DeepGEMM checkout (``$DEEPGEMM_DIR`` or ``--deepgemm``: the folder holding
-``deep_gemm/include``, github.com/deepseek-ai/DeepGEMM) is optional: with it the ``deepgemm_*``
-configs (deepgemm_configs.hpp) compile DeepGEMM's Hopper kernels; without it they are built as
-configs that answer "built without DeepGEMM" and the GEMM table cannot pick them. nvcc is looked
-for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, and the
-``nvidia-cuda-nvcc`` pip wheel. The source is compiled once per kernel config (one object each,
-``--jobs`` at a time: a CUTLASS one takes ~1 min and ~4 GB of memory, a DeepGEMM one ~15 s) plus once
+Needs nvcc >= 12.4 with sm_90a support and CUTLASS 4.x's headers (no CUTLASS build: it is
+header-only here). Both come from packages, the ``fp8-build`` extra (``pip install -e '.[fp8-build]'``,
+what ``make fp8-gemm-lib`` runs): nvcc and the CUDA headers from NVIDIA's ``cuda-toolkit[nvcc,cccl]``
+wheels (``nvidia-cuda-nvcc``, ``nvidia-cuda-runtime``, ``nvidia-cuda-crt``, ``nvidia-nvvm``,
+``nvidia-cuda-cccl``), CUTLASS from the ``nvidia-cutlass`` wheel (its ``cutlass_library/source``
+holds ``include/cutlass`` and ``tools/util/include``). A system toolkit and a checkout still win:
+nvcc is looked for as ``--nvcc``, ``$NVCC``, ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, then the
+wheel; CUTLASS as ``--cutlass``, ``$CUTLASS_DIR`` (a checkout), then the wheel. A host C++ compiler
+(``g++``) is needed as for any nvcc. A DeepGEMM checkout (``$DEEPGEMM_DIR`` or ``--deepgemm``: the
+folder holding ``deep_gemm/include``, github.com/deepseek-ai/DeepGEMM) is optional: with it the
+``deepgemm_*`` configs (deepgemm_configs.hpp) compile DeepGEMM's Hopper kernels; without it they are
+built as configs that answer "built without DeepGEMM" and the GEMM table cannot pick them. What is
+missing is named in one line with the package to install.
+
+The source is compiled once per kernel config (one object each,
+``--jobs`` at a time (0: as many as the cores and the available memory at ~4 GB each allow: :func:`auto_jobs`;
+a CUTLASS one takes ~1 min and ~4 GB of memory, a DeepGEMM one ~15 s) plus once
 for the exported API, and
 ``quantize.cu`` once (no CUTLASS, seconds); all are linked
 with a static CUDA runtime, so the library needs only the driver (``libcuda.so.1``) at run time and
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -99,31 +108,72 @@ def row_key(source: str, config: int, row: str, nvcc_version: str, cutlass_versi
     return object_key(source, config, row, nvcc_version, tools, deepgemm_headers if dg or config < 0 else headers)
 
 
+# what `make fp8-gemm-lib` installs (pyproject.toml's fp8-build extra), named where something is missing
+PIP_EXTRA = "pip install -e '.[fp8-build]'"
+PIP_TOOLKIT = "pip install 'cuda-toolkit[nvcc,cccl]>=13.0,<14'"
+PIP_CUTLASS = "pip install nvidia-cutlass==4.2.0.0"
+
+
+def _wheel_nvccs() -> list[str]:
+    """nvcc of NVIDIA's pip wheels in this environment (``nvidia/cu13/bin/nvcc``, the CUDA 12 layout)."""
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    return [str(p) for p in sorted(purelib.glob("nvidia/cu*/bin/nvcc"))] + [
+        str(purelib / "nvidia" / "cuda_nvcc" / "bin" / "nvcc")]
+
+
 def find_nvcc(explicit: str | None = None) -> str:
     candidates = [explicit, os.environ.get("NVCC")]
     if os.environ.get("CUDA_HOME"):
         candidates.append(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"))
     candidates.append(shutil.which("nvcc"))
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    candidates += [str(p) for p in sorted(purelib.glob("nvidia/cu*/bin/nvcc"))]
-    candidates.append(str(purelib / "nvidia" / "cuda_nvcc" / "bin" / "nvcc"))
-    for c in candidates:
+    for c in candidates + _wheel_nvccs():
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise FileNotFoundError(
-        "nvcc not found: pass --nvcc, set $NVCC or $CUDA_HOME, put nvcc on PATH, or "
-        "`pip install nvidia-cuda-nvcc==13.0.*`"
+        f"nvcc not found (no --nvcc, $NVCC, $CUDA_HOME or nvcc on PATH, no nvidia-cuda-nvcc wheel): {PIP_EXTRA} "
+        f"or {PIP_TOOLKIT}"
     )
 
 
+def check_toolkit(nvcc: str) -> None:
+    """Raise, naming the package, where a host C++ compiler is missing or the pip-wheel toolkit of ``nvcc``
+    lacks one of its parts, which are separate wheels (a system toolkit comes whole): the CUDA runtime's
+    headers (``nvidia-cuda-runtime``), the compiler's own headers (``nvidia-cuda-crt``), its device front
+    end (``nvidia-nvvm``) and libcu++ (``nvidia-cuda-cccl``; CUDA 13 keeps it in ``include/cccl``)."""
+    if not (shutil.which(os.environ.get("NVCC_CCBIN", "g++")) or shutil.which("c++")):
+        raise FileNotFoundError("no host C++ compiler for nvcc (g++): apt-get install g++")
+    root = Path(nvcc).resolve().parent.parent
+    if root.parent.name != "nvidia":  # not the wheels' nvidia/cu13 layout
+        return
+    needs = [
+        ("include/cuda_runtime.h", "nvidia-cuda-runtime"),
+        ("include/crt/host_config.h", "nvidia-cuda-crt"),
+        ("nvvm/bin/cicc", "nvidia-nvvm"),
+    ]
+    for sub, package in needs:
+        if not (root / sub).exists():
+            raise FileNotFoundError(f"the CUDA toolkit of {nvcc} lacks {sub} (package {package}): {PIP_TOOLKIT}")
+    if not any((root / d / "cuda/std/type_traits").exists() for d in ("include/cccl", "include")):
+        raise FileNotFoundError(f"the CUDA toolkit of {nvcc} lacks libcu++'s cuda/std (package "
+                                f"nvidia-cuda-cccl): {PIP_TOOLKIT}")
+
+
+def _wheel_cutlass() -> Path | None:
+    """The CUTLASS sources the ``nvidia-cutlass`` wheel ships (``cutlass_library/source``), or None. Found
+    without importing the package (its ``__init__`` loads the Python interface, which the build needs not)."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "source"
+
+
 def find_cutlass(explicit: str | None = None) -> Path:
-    root = explicit or os.environ.get("CUTLASS_DIR")
-    if not root:
-        raise FileNotFoundError(
-            "CUTLASS not found: set $CUTLASS_DIR (or --cutlass) to a CUTLASS 4.x checkout holding "
-            "include/cutlass and tools/util/include, e.g. `git clone https://github.com/NVIDIA/cutlass`"
-        )
-    root = Path(root)
+    """CUTLASS's headers: ``--cutlass``, ``$CUTLASS_DIR`` (a checkout), else the ``nvidia-cutlass`` wheel."""
+    given = explicit or os.environ.get("CUTLASS_DIR")
+    root = Path(given) if given else _wheel_cutlass()
+    if root is None:
+        raise FileNotFoundError(f"CUTLASS not found (no --cutlass, no $CUTLASS_DIR, no nvidia-cutlass wheel): "
+                                f"{PIP_EXTRA} or {PIP_CUTLASS}")
     for sub in ("include/cutlass/cutlass.h", "tools/util/include/cutlass/util/packed_stride.hpp"):
         if not (root / sub).is_file():
             raise FileNotFoundError(f"CUTLASS at {root} lacks {sub}")
@@ -170,6 +220,14 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()[:16]
 
 
+_SPILL = re.compile(r"(\d+) bytes spill stores")
+
+
+def spilled_bytes(ptxas_log: str) -> int:
+    """The most bytes any kernel of an object spills (ptxas -v's "N bytes spill stores" lines), 0 where none."""
+    return max((int(n) for n in _SPILL.findall(ptxas_log)), default=0)
+
+
 def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path,
              deepgemm: Path | None = None) -> tuple[int, float]:
     if config == QUANT:
@@ -188,10 +246,27 @@ def _compile(nvcc: str, cutlass: Path, config: int, obj: Path, log: Path,
     return rc, time.monotonic() - t0
 
 
+JOB_MEMORY = 4 * 2**30  # what one nvcc of a CUTLASS config takes at its peak
+
+
+def auto_jobs(cpus: int, available_memory: int) -> int:
+    """nvcc processes at a time: one a core, as many as the available memory holds at :data:`JOB_MEMORY` each, >= 1."""
+    return max(1, min(cpus, available_memory // JOB_MEMORY))
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return JOB_MEMORY
+
+
 def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None = None,
           only: list[int] | None = None, deepgemm: str | None = None) -> Path:
     """Compile what is not cached, link, and put the library at ``out/libpurokit_fp8_gemm.so``."""
     nvcc_path = find_nvcc(nvcc)
+    check_toolkit(nvcc_path)
     root = find_cutlass(cutlass)
     dg_root = find_deepgemm(deepgemm)
     dg_version = deepgemm_version(dg_root)
@@ -201,6 +276,7 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
     headers = "".join(SOURCE.with_name(h).read_text() for h in HEADERS)
     dg_headers = headers + SOURCE.with_name(DEEPGEMM_HEADER).read_text()
     rows = config_rows(source)
+    jobs = jobs or auto_jobs(os.cpu_count() or 1, _available_memory())
     wanted = [(i, r) for i, r in rows if only is None or i in only]
     objdir = out / "obj"
     objdir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +303,9 @@ def build(out: Path, jobs: int = 1, cutlass: str | None = None, nvcc: str | None
             config, obj = futures[fut]
             rc, secs = fut.result()
             name = {-1: "api", QUANT: "quantizers"}.get(config) or rows[config][1]
-            print(f"  [{'ok' if rc == 0 else 'FAILED'}] config {config} ({name}) in {secs:.0f} s", flush=True)
+            spill = spilled_bytes(obj.with_suffix(".log").read_text()) if rc == 0 and config >= 0 else 0
+            note = f" (a kernel spills {spill} bytes: slower than measured; CUTLASS {cversion})" if spill else ""
+            print(f"  [{'ok' if rc == 0 else 'FAILED'}] config {config} ({name}) in {secs:.0f} s{note}", flush=True)
             if rc != 0:
                 failed.append(obj.with_suffix(".log"))
     if failed:
@@ -268,7 +346,8 @@ def _stubs(out: Path, nvcc_path: str, missing: list[int]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for the library and the object cache")
-    p.add_argument("--jobs", type=int, default=1, help="nvcc processes at a time (~4 GB of memory each)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="nvcc processes at a time (~4 GB of memory each; 0: as many as cores and memory allow)")
     p.add_argument("--cutlass", help="CUTLASS checkout (default $CUTLASS_DIR)")
     p.add_argument("--nvcc", help="nvcc to use (default: $NVCC, $CUDA_HOME, PATH, the pip wheel)")
     p.add_argument("--deepgemm", help="DeepGEMM checkout for the deepgemm_* configs (default $DEEPGEMM_DIR; optional)")
