@@ -8,7 +8,7 @@ talks to it over sockets exactly as it talks to `vllm serve`. Used by tests/synt
 benchmark (`benchmarks/synth_client.py`, where it runs in its own process) and the demo's `ci`
 profile when no vLLM environment is built.
 
-    python -m synth.fakeserver --port 0 [--responder echo|arithmetic] [--latency-ms 0]
+    python -m synth.fakeserver --port 0 [--responder echo|arithmetic] [--latency-ms 0] [--parallel N]
     python -m synth.fakeserver --port 8000 --model teacher --responder scripted --script synth/scripts/teacher.yaml
 
 prints `listening on http://127.0.0.1:PORT/v1` once it accepts connections.
@@ -227,13 +227,17 @@ class FakeOpenAIServer:
     def __init__(self, responder: Responder | str = "echo", faults: list[Fault] | None = None,
                  model: str = "fake-teacher", host: str = "127.0.0.1", port: int = 0,
                  latency_s: float = 0.0, record_bodies: bool = True, tool_calling: bool = True,
-                 served_info: dict[str, Any] | None = None):
+                 served_info: dict[str, Any] | None = None, parallel: int | None = None):
         self.responder: Responder = RESPONDERS[responder] if isinstance(responder, str) else responder
         self.faults = list(faults or [])
         self.model = model
         self.host = host
         self.port = port
         self.latency_s = latency_s
+        # a saturated teacher: `parallel` requests are answered in latency_s; with more in flight
+        # each answer takes latency_s * inflight / parallel (a batch that no longer grows shares
+        # the same tokens/s among more requests), so total throughput stays flat
+        self.parallel = parallel
         self.record_bodies = record_bodies
         self.tool_calling = tool_calling
         self.stats = ServerStats()
@@ -392,7 +396,7 @@ class FakeOpenAIServer:
             self.stats.max_inflight = max(self.stats.max_inflight, self.stats.inflight)
         try:
             if self.latency_s:
-                await asyncio.sleep(self.latency_s)
+                await asyncio.sleep(self.latency_s * max(1.0, self.stats.inflight / (self.parallel or math.inf)))
             if req.get("stream"):
                 await self._stream(req, writer, truncate=False)
             else:
@@ -625,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--script", help="the YAML script of --responder scripted (rules: match -> reply, tool_calls, "
                                      "reasoning_content)")
     ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--parallel", type=int, default=None,
+                    help="requests answered at full speed at once; more in flight share its throughput "
+                         "(latency-ms x in flight / parallel each)")
     ap.add_argument("--no-tool-calling", action="store_true", help="answer requests with tools as vLLM without a tool parser (400)")
     ap.add_argument("--fault", action="append", default=[],
                     help='a fault rule as JSON, e.g. \'{"kind": "429", "first_n": 100}\'')
@@ -633,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--responder scripted and --script FILE go together")
     srv = FakeOpenAIServer(ScriptedResponder.from_file(args.script) if args.script else args.responder, [Fault(**json.loads(f)) for f in args.fault], model=args.model,
                            host=args.host, port=args.port, latency_s=args.latency_ms / 1000, record_bodies=False,
-                           tool_calling=not args.no_tool_calling)
+                           tool_calling=not args.no_tool_calling, parallel=args.parallel)
 
     def ready() -> None:
         print(f"listening on {srv.base_url}", flush=True)
