@@ -30,7 +30,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from pydantic import Field
@@ -488,7 +488,7 @@ class TeacherConfig(StrictModel):
     """One model behind one or more OpenAI-compatible endpoints (the unit a step asks for)."""
     model: str
     endpoints: list[str] = Field(default_factory=list, description="base URLs ending in /v1")
-    backend: str = "openai"                 # "openai" (HTTP) or "vllm" (in-process, GPU hosts)
+    backend: str = "openai"                 # "openai" (HTTP), "batch" (OpenAI Batch API) or "vllm" (in-process, GPU hosts)
     api_key_env: str | None = None          # name of the env var holding the key (never the key)
     engine: str = "unknown"                 # what serves it (vllm, sglang, llama.cpp, provider): recorded
     logprobs_mode: str = "raw_logprobs"     # vLLM V1 default: before temperature/top-p (Ring-linear §4.4)
@@ -515,6 +515,15 @@ class TeacherConfig(StrictModel):
     stream: bool = False
     constrained_output: str = "json_schema"  # json_schema | json_object | none
     vllm_engine_args: dict[str, Any] = Field(default_factory=dict)   # backend: vllm
+    # backend: batch (the OpenAI Batch API, synth.batch): requests collected until none arrives for
+    # batch_collect_s, at most batch_max_requests per batch, polled every batch_poll_s doubling to
+    # batch_poll_max_s; lines that fail or expire are sent online or fail their prompt (report)
+    batch_completion_window: str = "24h"
+    batch_collect_s: float = 2.0
+    batch_max_requests: int = 50_000
+    batch_poll_s: float = 5.0
+    batch_poll_max_s: float = 300.0
+    batch_failed: Literal["online", "report"] = "online"
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model, "endpoints": list(self.endpoints), "backend": self.backend,

@@ -75,7 +75,8 @@ class SynthRunManifest(RunManifest):
 OPERATIONAL_TEACHER_KEYS = ("endpoints", "api_key_env", "initial_concurrency", "min_concurrency", "max_concurrency",
                             "timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "breaker_failures",
                             "breaker_cooldown_s", "breaker_max_trips", "ready_timeout_s", "stream", "retry_after_max_s",
-                            "latency_aware", "latency_tolerance", "slow_answer_fraction")
+                            "latency_aware", "latency_tolerance", "slow_answer_fraction", "batch_completion_window",
+                            "batch_collect_s", "batch_max_requests", "batch_poll_s", "batch_poll_max_s", "batch_failed")
 OPERATIONAL_OUTPUT_KEYS = ("max_inflight_rows", "max_error_rows", "check_workers", "progress_every_s")
 
 

@@ -31,3 +31,22 @@ def test_slow_teacher_snippet_is_a_valid_latency_aware_teacher():
     for name, t in snippet["teachers"].items():
         cfg = TeacherConfig.model_validate(t)
         assert cfg.latency_aware and cfg.initial_concurrency < cfg.max_concurrency, name
+
+
+def test_batch_snippet_runs_a_generator_through_the_batch_api(fake_server, tmp_path, monkeypatch):
+    from synth.engine import run
+    from synth.pipeline import GeneratorConfig
+
+    from .conftest import pairs_config
+
+    snippet = production_snippets()["the OpenAI Batch API"]
+    srv = fake_server("arithmetic", model="gpt-4o-mini")
+    cfg = pairs_config(srv.base_url, n_prompts=6, n=2)
+    teacher = dict(snippet["teachers"]["teacher"], endpoints=[srv.base_url], api_key_env="PUROKIT_TEST_KEY",
+                   batch_collect_s=0.2, batch_poll_s=0.02)     # the waits, shortened for a test
+    cfg["teachers"] = {"reasoning": teacher, "instruct": teacher}
+    cfg["output"].update(snippet["output"])
+    monkeypatch.setenv("PUROKIT_TEST_KEY", "sk-test")
+    res = run(GeneratorConfig.model_validate(cfg), tmp_path / "r", progress=False)
+    assert res.manifest.status == "complete" and res.n_records > 0
+    assert srv.stats.n_batch_lines == srv.stats.n_requests > 0 and len(srv.batch.batches) == 2
