@@ -104,6 +104,7 @@ class RunEnv:
         self._llm_factory = llm_factory
         self._eval: dict[str, EvalIndex] = {}
         self._served: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._resources: dict[str, Any] = {}
 
     def backend(self, role: str) -> Any:
         if role not in self._backends:
@@ -126,9 +127,18 @@ class RunEnv:
             self._eval[key] = build_eval_index(specs, n)
         return self._eval[key]
 
+    def resource(self, key: str, make: Callable[[], Any]) -> Any:
+        """A run-wide object shared by the steps (an MCP server connection), made on first use;
+        closed (`aclose()`) when the run ends."""
+        if key not in self._resources:
+            self._resources[key] = make()
+        return self._resources[key]
+
     async def close(self) -> None:
         for b in self._backends.values():
             await b.close()
+        for r in self._resources.values():
+            await r.aclose()
 
     def any_answered(self) -> bool:
         """Whether any endpoint of this run has answered a request (or the cache has)."""

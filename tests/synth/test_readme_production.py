@@ -50,3 +50,14 @@ def test_batch_snippet_runs_a_generator_through_the_batch_api(fake_server, tmp_p
     res = run(GeneratorConfig.model_validate(cfg), tmp_path / "r", progress=False)
     assert res.manifest.status == "complete" and res.n_records > 0
     assert srv.stats.n_batch_lines == srv.stats.n_requests > 0 and len(srv.batch.batches) == 2
+
+
+def test_mcp_snippet_is_a_valid_tool_task_source():
+    from synth.domains.mcp_tools import ToolsConfig
+    from synth.engine import load_generator
+
+    snippet = production_snippets()["MCP tools"]
+    cfg = load_generator("tool_use")
+    assert snippet["source"]["kind"] == cfg.source["kind"]
+    tools = ToolsConfig.model_validate(snippet["source"]["tools"])
+    assert tools.mcp.command and tools.mcp.timeout_s == 30 and tools.mcp.concurrent_calls == 1
