@@ -7,12 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import yaml
 
 from synth.batch import batch_line, line_failure, line_outcomes, poll_delays
 from synth.client import ChatRequest
@@ -20,9 +16,8 @@ from synth.engine import run
 from synth.fakeserver import Fault
 from synth.pipeline import GeneratorConfig
 
-from .conftest import pairs_config
+from .conftest import pairs_config, spawn_synth
 
-REPO = Path(__file__).resolve().parents[2]
 FAST_BATCH = {"batch_collect_s": 0.2, "batch_poll_s": 0.02, "batch_poll_max_s": 0.1}
 
 
@@ -97,11 +92,8 @@ def test_killed_between_submission_and_completion_resumes_by_batch_id(fake_serve
     srv = fake_server("arithmetic")
     srv.batch.hold = True                                 # batches stay in_progress
     cfg = one_stage_config(srv.base_url, n_prompts=6)
-    cfg_path = tmp_path / "gen.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "synth", str(cfg_path), "--out", str(out), "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, _ = spawn_synth(cfg, tmp_path, out)
     journal = out / "batches.jsonl"
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60 and not (journal.exists() and journal.read_text().endswith("\n")):
