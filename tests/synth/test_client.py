@@ -210,6 +210,39 @@ def test_slow_teacher_adaptive_limit_completes_every_prompt_where_a_fixed_limit_
     assert ep["limit"] < 16 and srv2.stats.max_inflight < 16
 
 
+async def complete_with_slowdown(srv, cfg: TeacherConfig, reqs: list[ChatRequest], after: int):
+    """Send every request; once `after` have come back, the teacher gets twice as slow (another
+    tenant arrived on its GPU)."""
+    async with ChatClient(cfg) as c:
+        tasks = [asyncio.create_task(c.complete(r)) for r in reqs]
+        for i, fut in enumerate(asyncio.as_completed(tasks), 1):
+            try:
+                await fut
+            except Exception:
+                pass
+            if i == after:
+                srv.latency_s *= 2
+        return await asyncio.gather(*tasks, return_exceptions=True), c.stats()
+
+
+def test_a_teacher_that_slows_down_mid_run_is_followed_down_where_aimd_alone_times_out(fake_server):
+    """Started at 24 in flight (answers in 1.2 s, under the 2 s timeout), the teacher then halves
+    its speed: the AIMD limit, which only a 429 lowers, keeps 24 in flight and every answer takes
+    2.4 s; the latency-aware limit has already come down and stays under the timeout."""
+    prompts = [req(i) for i in range(72)]
+    outcomes = {}
+    for aware in (False, True):
+        srv = fake_server(latency_s=0.1, parallel=2)
+        cfg = TeacherConfig(**fast_teacher([srv.base_url], initial_concurrency=24, max_concurrency=48, timeout_s=2.0,
+                                           max_retries=0, breaker_failures=1000, latency_aware=aware))
+        res, stats = run(complete_with_slowdown(srv, cfg, prompts, after=24))
+        outcomes[aware] = (sum(isinstance(r, BaseException) for r in res), stats["endpoints"][srv.base_url])
+    failed, ep = outcomes[False]
+    assert failed > 0 and ep["timeouts"] == failed and ep["limit"] >= 24
+    failed, ep = outcomes[True]
+    assert failed == 0 and ep["timeouts"] == 0 and ep["ok"] == 72 and ep["limit"] < 24
+
+
 def test_sustained_failure_trips_breaker_with_clear_error_instead_of_stalling(fake_server):
     srv = fake_server(faults=[Fault("429")])               # every request, forever
     cfg = TeacherConfig(**fast_teacher([srv.base_url], breaker_failures=5, breaker_max_trips=2, max_retries=100))
