@@ -31,8 +31,9 @@ from typing import Any
 
 from common.log import get_logger
 from synth.cache import cache_key
-from synth.client import (ChatClient, ChatRequest, ChatResult, EndpointError, EndpointPool, MalformedResponse,
-                          RetriesExhausted, TeacherConfig, parse_chat_response, request_body)
+from synth.client import (ChatClient, ChatRequest, ChatResult, EndpointError, EndpointNotReady, EndpointPool,
+                          MalformedResponse, RequestRejected, RetriesExhausted, TeacherConfig, TransportError,
+                          parse_chat_response, request_body)
 
 log = get_logger("synth.batch")
 
@@ -161,7 +162,7 @@ class BatchBackend:
             raise RuntimeError(f"backend 'batch' needs the openai package: pip install openai ({e})") from None
         key = os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else "EMPTY"
         if not key:
-            raise RuntimeError(f"teacher '{self.cfg.model}': environment variable {self.cfg.api_key_env} is not set")
+            raise EndpointNotReady(f"teacher '{self.cfg.model}': environment variable {self.cfg.api_key_env} is not set")
         self._api = AsyncOpenAI(base_url=self.cfg.endpoints[0], api_key=key, max_retries=self.cfg.max_retries,
                                 timeout=60.0)
 
@@ -224,6 +225,16 @@ class BatchBackend:
             part, self._queue = self._queue[: self.cfg.batch_max_requests], self._queue[self.cfg.batch_max_requests:]
             try:
                 bid = await self._submit(part)
+            except Exception as e:
+                if not isinstance(e, RequestRejected):
+                    # the API refused the upload or the batch (key, quota, endpoint): say where
+                    e = RequestRejected(self.cfg.endpoints[0], f"submitting a batch of {len(part)} requests failed: "
+                                        f"{type(e).__name__}: {e}")
+                for q in part:
+                    if not q.fut.done():
+                        q.fut.set_exception(e)
+                        q.fut.exception()
+                continue
             except BaseException as e:
                 for q in part:
                     if not q.fut.done():
@@ -260,7 +271,18 @@ class BatchBackend:
         return self._watches[bid]
 
     async def _wait(self, bid: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        """Poll until the batch ends; (batch, custom_id -> output or error line)."""
+        """Poll until the batch ends; (batch, custom_id -> output or error line). When the API
+        cannot be reached (after the client's own retries) the waiting prompts fail for this run;
+        the next run resumes the same batch by id."""
+        try:
+            return await self._poll(bid)
+        except (asyncio.CancelledError, RetriesExhausted):
+            raise
+        except Exception as e:
+            raise RetriesExhausted(TransportError(self.cfg.endpoints[0], f"polling batch {bid}: "
+                                                  f"{type(e).__name__}: {e}"), 1) from None
+
+    async def _poll(self, bid: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         delays = poll_delays(self.cfg.batch_poll_s, self.cfg.batch_poll_max_s)
         last = None
         while True:

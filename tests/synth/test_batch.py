@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+import pytest
 
 from synth.batch import batch_line, line_failure, line_outcomes, poll_delays
 from synth.client import ChatRequest
@@ -147,3 +148,12 @@ def test_failed_lines_reported_per_prompt_then_a_rerun_batches_only_them(fake_se
     assert res.manifest.status == "complete"
     first, second = srv.batch.batches.values()
     assert second["request_counts"]["total"] == 12 - first["request_counts"]["completed"]
+
+
+def test_a_batch_api_that_cannot_be_reached_stops_the_run_with_the_reason(tmp_path):
+    from synth.client import RequestRejected
+    from synth.servers import free_port
+
+    cfg = one_stage_config(f"http://127.0.0.1:{free_port()}/v1", n_prompts=2, max_retries=0)
+    with pytest.raises(RequestRejected, match="submitting a batch of 4 requests failed: APIConnectionError"):
+        run(gen(cfg), tmp_path / "r", progress=False)
