@@ -235,11 +235,9 @@ class BatchBackend:
                         q.fut.set_exception(e)
                         q.fut.exception()
                 continue
-            except BaseException as e:
+            except BaseException:                # cancelled (the run ends): nobody waits any more
                 for q in part:
-                    if not q.fut.done():
-                        q.fut.set_exception(e)
-                        q.fut.exception()
+                    q.fut.cancel()
                 raise
             for q in part:
                 q.fut.set_result(bid)
