@@ -19,6 +19,18 @@ min(1/client, 1/server, 2/(client + server)) CPU seconds per request is the rate
 sustains on 2 cores of its own (each side is one single-threaded process).
 
     .venv/bin/python benchmarks/synth_client.py [--requests 20000] [--concurrency 256]
+
+`--slow-teacher`: a teacher that never throttles but slows down under load (the fake server with
+`--parallel P --latency-ms L`: P requests answered in L ms, each one beyond stretches every
+answer, so throughput is flat above P and latency grows with what is in flight), as vLLM on a
+loaded CPU behaves. The same requests, side by side in one run, with
+  fixed         initial = min = max concurrency (what the demo ran with: 32)
+  aimd          the limit before the latency rule: AIMD on 429 only, started at the same 32
+  adaptive      AIMD + latency gradient + slow-answer halving, started at the same 32
+  adaptive-low  the same, started at 4 (how the demo now starts)
+each reporting prompts completed, timeouts, completion tokens/s and the final limit.
+
+    .venv/bin/python benchmarks/synth_client.py --slow-teacher [--requests 400]
 """
 
 from __future__ import annotations
@@ -71,8 +83,8 @@ def measured(fn, pid: int, n: int) -> dict[str, float]:
             if client_us > 0 and server_us > 0 else 0.0}
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-m", "synth.fakeserver", "--port", "0"], cwd=REPO,
+def start_server(*extra: str) -> tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen([sys.executable, "-m", "synth.fakeserver", "--port", "0", *extra], cwd=REPO,
                          stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
     line = p.stdout.readline()
@@ -149,12 +161,59 @@ async def bench_httpx(url: str, n: int, conc: int) -> float:
         return (n - 300) / (time.perf_counter() - t0)
 
 
+SLOW_VARIANTS = {
+    "fixed": dict(initial_concurrency=32, min_concurrency=32, max_concurrency=32, latency_aware=False),
+    "aimd": dict(initial_concurrency=32, max_concurrency=64, latency_aware=False),
+    "adaptive": dict(initial_concurrency=32, max_concurrency=64),
+    "adaptive_low": dict(initial_concurrency=4, max_concurrency=64),
+}
+
+
+async def bench_slow_variant(url: str, n: int, variant: dict[str, object], timeout_s: float) -> dict[str, object]:
+    cfg = TeacherConfig(model="fake-teacher", endpoints=[url], timeout_s=timeout_s, max_retries=2,
+                        backoff_base_s=0.05, backoff_max_s=0.5, breaker_failures=10_000, **variant)  # type: ignore[arg-type]
+    async with ChatClient(cfg) as client:
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(client.complete(r) for r in reqs(n, f"slow{time.time()}")), return_exceptions=True)
+        wall = time.perf_counter() - t0
+        st = client.stats()
+    ep = st["endpoints"][url]
+    ok = [r for r in res if not isinstance(r, BaseException)]
+    return {"prompts": n, "completed": len(ok), "failed": n - len(ok), "timeouts": ep["timeouts"],
+            "wall_s": round(wall, 2), "completed_per_s": round(len(ok) / wall, 2),
+            "completion_tok_per_s": round(sum(r.completion_tokens for r in ok) / wall, 1),
+            "mean_latency_s": round(sum(r.latency_s for r in ok) / max(1, len(ok)), 3),
+            "final_limit": ep["limit"], "latency_cuts": ep["latency_cuts"], "limit_halvings": ep["limit_decreases"]}
+
+
+def slow_teacher(n: int, latency_ms: float, parallel: int, timeout_s: float) -> int:
+    res: dict[str, object] = {"requests": n, "latency_ms": latency_ms, "parallel": parallel, "timeout_s": timeout_s,
+                              "cores": os.cpu_count(), "loadavg_1m_before": round(os.getloadavg()[0], 2)}
+    for name, variant in SLOW_VARIANTS.items():
+        proc, url = start_server("--latency-ms", str(latency_ms), "--parallel", str(parallel))   # a fresh teacher each
+        try:
+            res[name] = asyncio.run(bench_slow_variant(url, n, variant, timeout_s))
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        print(name, res[name], flush=True)
+    res["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+    save("synth_client_slow_teacher", res)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--httpx-requests", type=int, default=3000)
+    ap.add_argument("--slow-teacher", action="store_true", help="adaptive against fixed limits on a teacher that slows under load")
+    ap.add_argument("--latency-ms", type=float, default=250.0, help="--slow-teacher: answer time at up to --parallel in flight")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--timeout-s", type=float, default=2.0)
     args = ap.parse_args()
+    if args.slow_teacher:
+        return slow_teacher(args.requests if args.requests != 20000 else 400, args.latency_ms, args.parallel, args.timeout_s)
     proc, url = start_server()
     load_before = os.getloadavg()
     try:

@@ -44,7 +44,9 @@ def _configure(name: str, base_url: str, engine: str, source: dict[str, Any], st
         if step.get("kind") == "sql_task":
             step["params"] = SQL_PARAMS["task"]
     for t in data["teachers"].values():
-        t.update(endpoints=[base_url], model="teacher", engine=engine, initial_concurrency=16, max_concurrency=32,
+        # start low: the limit grows while answers stay fast and falls when the shared CPU teacher
+        # slows down (synth.client.LatencyGradient), instead of 16 slow answers past timeout_s
+        t.update(endpoints=[base_url], model="teacher", engine=engine, initial_concurrency=4, max_concurrency=32,
                  ready_timeout_s=60, timeout_s=120)
     return GeneratorConfig.model_validate(data)
 
@@ -81,8 +83,11 @@ def run(ctx: Any) -> dict[str, Any]:
         ctx.step(f"generating at once: {n_sql} text-to-SQL buckets and {n_tool} tool-use tasks against {base_url}")
 
         async def both() -> tuple[Any, Any]:
-            return await asyncio.gather(run_async(sql_cfg, out / "text_to_sql", progress=False, restart_if_changed=True),
-                                        run_async(tool_cfg, out / "tool_use", progress=False, restart_if_changed=True))
+            return await asyncio.gather(
+                run_async(sql_cfg, out / "text_to_sql", progress=lambda line: ctx.step(f"text_to_sql: {line}"),
+                          restart_if_changed=True),
+                run_async(tool_cfg, out / "tool_use", progress=lambda line: ctx.step(f"tool_use: {line}"),
+                          restart_if_changed=True))
 
         sql_res, tool_res = asyncio.run(both())
     finally:

@@ -273,12 +273,15 @@ def run(ctx: Any) -> dict[str, Any]:
     _lease(ctx, server, base_url, teacher["engine"])
     try:
         for t in data["teachers"].values():
-            t.update(endpoints=[base_url], model="teacher", engine=teacher["engine"], initial_concurrency=32,
+            # start low and let the latency-aware limit find the teacher's concurrency: 32 at once
+            # made a loaded CPU teacher answer slower than timeout_s
+            t.update(endpoints=[base_url], model="teacher", engine=teacher["engine"], initial_concurrency=4,
                      max_concurrency=64, ready_timeout_s=60)
         from synth.pipeline import GeneratorConfig
         gen = GeneratorConfig.model_validate(data)
         ctx.step(f"generating: {len(problems)} problems x {n_samples} samples per mode")
-        res = run_generator(gen, out / "run", progress=False, restart_if_changed=True)
+        res = run_generator(gen, out / "run", progress=lambda line: ctx.step(f"generating: {line}"),
+                            restart_if_changed=True)
     except BaseException:
         release_teacher(ctx)              # failed or interrupted: nothing will use it
         raise

@@ -1,4 +1,4 @@
-"""`python -m synth <generator> --out DIR [--endpoint URL]... [--model NAME] [--backend openai|vllm] [key=value ...]`
+"""`python -m synth <generator> --out DIR [--endpoint URL]... [--model NAME] [--backend openai|batch|vllm] [key=value ...]`
 
 Runs a generator (a built-in name such as `reasoning_pairs`, or a YAML path); `key.sub=value`
 overrides any config field (`source.n=20`, `steps.0.n=8`). Other commands:
@@ -41,7 +41,8 @@ def _run_generator(argv: list[str]) -> int:
     ap.add_argument("--out", required=True, type=Path, help="output directory (resumes a run found there)")
     ap.add_argument("--endpoint", action="append", default=[], help="teacher base URL (repeat for several)")
     ap.add_argument("--model", help="served model name for every teacher")
-    ap.add_argument("--backend", choices=["openai", "vllm"], help="openai: HTTP endpoints; vllm: in-process")
+    ap.add_argument("--backend", choices=["openai", "batch", "vllm"],
+                    help="openai: HTTP endpoints; batch: the OpenAI Batch API on them; vllm: in-process")
     ap.add_argument("--teacher-role", action="append", default=[],
                     help="apply --endpoint/--model/--backend only to these teacher roles")
     ap.add_argument("--fresh", action="store_true", help="restart: forget finished prompts (the cache is kept)")

@@ -1,6 +1,7 @@
 """Backends: one interface (`Backend.complete(ChatRequest) -> ChatResult`) over
 - `HttpBackend`: OpenAI-compatible endpoints through `synth.client.ChatClient`;
 - `VllmBackend`: vLLM in-process (`--backend vllm`, the optional `vllm` extra on GPU hosts);
+- `synth.batch.BatchBackend`: the OpenAI Batch API (`--backend batch`);
 and `CachedBackend`, which puts the SQLite response cache in front of either.
 
 So one generator config runs offline on a GPU host or against servers: only `teachers.<name>.backend`
@@ -393,6 +394,11 @@ def make_backend(cfg: TeacherConfig, cache: ResponseCache | None, seed: int = 0,
         inner = HttpBackend(cfg, seed=seed, pool=pool)
     elif cfg.backend == "vllm":
         inner = VllmBackend(cfg, llm_factory=llm_factory)
+    elif cfg.backend == "batch":
+        if cache is None:
+            raise ValueError(f"teacher '{cfg.model}': backend 'batch' journals its batches beside a run's cache")
+        from synth.batch import JOURNAL_NAME, BatchBackend
+        inner = BatchBackend(cfg, cache.path.parent / JOURNAL_NAME, seed=seed, pool=pool)
     else:
-        raise ValueError(f"teacher '{cfg.model}': unknown backend {cfg.backend!r} (openai | vllm)")
+        raise ValueError(f"teacher '{cfg.model}': unknown backend {cfg.backend!r} (openai | batch | vllm)")
     return CachedBackend(inner, cache) if cache is not None else inner

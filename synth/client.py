@@ -1,6 +1,7 @@
 """OpenAI chat-completions client for teacher fleets: several endpoints per model, load spreading,
-a bounded readiness probe, adaptive per-endpoint concurrency (AIMD), retries with backoff and
-jitter, and a circuit breaker that stops with a clear error instead of stalling.
+a bounded readiness probe, adaptive per-endpoint concurrency (AIMD on 429, a latency gradient on
+slowness), retries with backoff and jitter, and a circuit breaker that stops with a clear error
+instead of stalling.
 
 Works against anything that speaks `/v1/chat/completions`: `vllm serve`, SGLang, llama.cpp's
 server, hosted providers. HTTP is aiohttp (a standard client; at 256 concurrent requests it keeps
@@ -12,6 +13,10 @@ Why each mechanism exists (anchors.md §2.3, users' complaints about the anchors
 - AIMD: Data Designer halves concurrency on 429 (as here) but has no breaker, so sustained 429s
   stall for minutes and return 0 records -> `CircuitBreaker` trips after N consecutive failures,
   and when every endpoint is open `CircuitOpenError` names each endpoint and its last error.
+- latency gradient: a teacher that is slow but never throttles (vLLM on a loaded CPU) got the
+  full concurrency, every answer then took longer than `timeout_s` and nothing completed ->
+  `LatencyGradient` lowers the limit when latency per token rises, and an answer that took most
+  of `timeout_s` (or a timeout) halves it, so answers keep arriving before the timeout.
 
 The pure pieces (`AdaptiveLimit`, `CircuitBreaker`, `backoff_delay_s`, `parse_chat_response`,
 `request_body`) carry the logic and are unit-tested; `ChatClient` is the thin async shell.
@@ -25,7 +30,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from pydantic import Field
@@ -138,6 +143,7 @@ class ServerError(EndpointError):
 
 class TransportError(EndpointError):
     """Timeout, refused or dropped connection, truncated body or stream."""
+    timed_out = False               # no answer within timeout_s: a congestion signal, like a 429
 
 
 class MalformedResponse(EndpointError):
@@ -168,32 +174,87 @@ class RetriesExhausted(RuntimeError):
 # Pure control logic
 # ---------------------------------------------------------------------------------------------
 
-class AdaptiveLimit:
-    """Additive-increase / multiplicative-decrease concurrency limit for one endpoint.
+class LatencyGradient:
+    """The latency half of the limit: Netflix concurrency-limits' Gradient2 rule on latency per
+    completion token (so long and short answers are comparable).
 
-    On a 429 the limit halves, but at most once per round trip: throttles for requests issued
-    before the last decrease are echoes of the same congestion event (TCP's rule). Each success
-    adds 1/limit, so the limit grows by about one per window of `limit` successes ("grow slowly").
+    `long_s` is the latency the endpoint shows when it is not queueing: the mean of the first
+    `warmup` answers, then an exponential average over `long_window` answers (a window so long
+    that a queue building up within it shows as a rise). Each answer gives
+        gradient = clamp(tolerance * long_s / latency, 0.5, 1.0)
+    1.0 while answers are at most `tolerance` times the baseline; below it in proportion to how
+    much slower they got, never under a half (an outlier must not collapse the limit). When
+    answers are more than twice as fast as the baseline, the queue that inflated it has drained:
+    the baseline decays toward them at once instead of waiting out the window."""
+
+    def __init__(self, tolerance: float = 1.5, long_window: int = 600, warmup: int = 10):
+        if tolerance < 1.0:
+            raise ValueError(f"latency tolerance must be >= 1 (got {tolerance})")
+        self.tolerance = tolerance
+        self.long_window = long_window
+        self.warmup = warmup
+        self.long_s = 0.0
+        self.n = 0
+
+    def observe(self, per_token_s: float) -> float:
+        """Take one answer's latency per token; return the gradient in [0.5, 1]."""
+        self.n += 1
+        if self.n <= self.warmup:
+            self.long_s += (per_token_s - self.long_s) / self.n
+        else:
+            self.long_s += (per_token_s - self.long_s) * 2.0 / (self.long_window + 1)
+        if per_token_s <= 0.0:
+            return 1.0
+        if self.long_s / per_token_s > 2.0:
+            self.long_s *= 0.95
+        return max(0.5, min(1.0, self.tolerance * self.long_s / per_token_s))
+
+
+class AdaptiveLimit:
+    """The concurrency limit of one endpoint: AIMD on throttling, a latency gradient on slowness.
+
+    On a 429 (or a timeout, or an answer that took most of `timeout_s`) the limit halves, but at
+    most once per round trip: signals for requests issued before the last decrease are echoes of
+    the same congestion event (TCP's rule). Each success adds 1/limit, so the limit grows by about
+    one per window of `limit` successes ("grow slowly") — unless the success was slow: with a
+    `LatencyGradient`, an answer whose latency per token rose above the tolerance lowers the limit
+    smoothly instead, `value *= 1 - smoothing * (1 - gradient)`, so a teacher that never throttles
+    but gets slower under load (vLLM on a busy CPU) is held near the concurrency where it still
+    answers at full speed. A success at an inflight below half the limit does not grow it: the
+    limit was not what held throughput back (Gradient2's app-limited rule).
     """
 
-    def __init__(self, initial: int = 8, minimum: int = 1, maximum: int = 256):
+    def __init__(self, initial: int = 8, minimum: int = 1, maximum: int = 256,
+                 gradient: LatencyGradient | None = None, smoothing: float = 0.2):
         if not (1 <= minimum <= initial <= maximum):
             raise ValueError(f"need 1 <= min ({minimum}) <= initial ({initial}) <= max ({maximum})")
         self.value = float(initial)
         self.minimum = minimum
         self.maximum = maximum
+        self.gradient = gradient
+        self.smoothing = smoothing
         self.epoch = 0                      # incremented on every decrease
         self.n_decreases = 0
+        self.n_latency_cuts = 0             # successes whose latency lowered the limit
 
     @property
     def limit(self) -> int:
         return max(self.minimum, int(self.value))
 
-    def on_success(self) -> None:
+    def on_success(self, latency_s: float | None = None, n_tokens: int = 1, inflight: int | None = None) -> None:
+        """One answer came back, `latency_s` after it was sent with `inflight` requests out."""
+        if self.gradient is not None and latency_s is not None:
+            g = self.gradient.observe(latency_s / max(1, n_tokens))
+            if g < 1.0:
+                self.value = max(float(self.minimum), self.value * (1.0 - self.smoothing * (1.0 - g)))
+                self.n_latency_cuts += 1
+                return
+        if inflight is not None and inflight < self.value / 2:
+            return
         self.value = min(float(self.maximum), self.value + 1.0 / max(self.value, 1.0))
 
     def on_throttle(self, issued_epoch: int) -> bool:
-        """Halve if the throttled request was issued in the current epoch; True if it decreased."""
+        """Halve if the congested request was issued in the current epoch; True if it decreased."""
         if issued_epoch != self.epoch:
             return False
         self.value = max(float(self.minimum), self.value / 2.0)
@@ -427,7 +488,7 @@ class TeacherConfig(StrictModel):
     """One model behind one or more OpenAI-compatible endpoints (the unit a step asks for)."""
     model: str
     endpoints: list[str] = Field(default_factory=list, description="base URLs ending in /v1")
-    backend: str = "openai"                 # "openai" (HTTP) or "vllm" (in-process, GPU hosts)
+    backend: str = "openai"                 # "openai" (HTTP), "batch" (OpenAI Batch API) or "vllm" (in-process, GPU hosts)
     api_key_env: str | None = None          # name of the env var holding the key (never the key)
     engine: str = "unknown"                 # what serves it (vllm, sglang, llama.cpp, provider): recorded
     logprobs_mode: str = "raw_logprobs"     # vLLM V1 default: before temperature/top-p (Ring-linear §4.4)
@@ -435,6 +496,13 @@ class TeacherConfig(StrictModel):
     initial_concurrency: int = 8
     min_concurrency: int = 1
     max_concurrency: int = 64
+    # the limit also falls when latency per token rises above latency_tolerance x its baseline
+    # (AdaptiveLimit, LatencyGradient); false: AIMD on 429 only
+    latency_aware: bool = True
+    latency_tolerance: float = 1.5
+    # an answer that took more than this share of timeout_s halves the limit, as a timeout does:
+    # the next answers then come back well before the timeout
+    slow_answer_fraction: float = 0.5
     timeout_s: float = 600.0
     max_retries: int = 6
     backoff_base_s: float = 0.5
@@ -447,6 +515,15 @@ class TeacherConfig(StrictModel):
     stream: bool = False
     constrained_output: str = "json_schema"  # json_schema | json_object | none
     vllm_engine_args: dict[str, Any] = Field(default_factory=dict)   # backend: vllm
+    # backend: batch (the OpenAI Batch API, synth.batch): requests collected until none arrives for
+    # batch_collect_s, at most batch_max_requests per batch, polled every batch_poll_s doubling to
+    # batch_poll_max_s; lines that fail or expire are sent online or fail their prompt (report)
+    batch_completion_window: str = "24h"
+    batch_collect_s: float = 2.0
+    batch_max_requests: int = 50_000
+    batch_poll_s: float = 5.0
+    batch_poll_max_s: float = 300.0
+    batch_failed: Literal["online", "report"] = "online"
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model, "endpoints": list(self.endpoints), "backend": self.backend,
@@ -496,6 +573,8 @@ class EndpointState:
     paused_until: float = 0.0              # a Retry-After window: no request goes there before it ends
     n_waits: int = 0                       # Retry-After windows waited out
     waited_s: float = 0.0
+    n_timeouts: int = 0                    # attempts with no answer within timeout_s
+    n_slow: int = 0                        # answers slow enough to halve the limit
 
     def load(self) -> float:
         return self.inflight / max(1, self.limit.limit)
@@ -526,8 +605,9 @@ class EndpointPool:
     def state(self, url: str, cfg: "TeacherConfig") -> EndpointState:
         url = url.rstrip("/")
         if url not in self.states:
+            gradient = LatencyGradient(cfg.latency_tolerance) if cfg.latency_aware else None
             self.states[url] = EndpointState(url, AdaptiveLimit(cfg.initial_concurrency, cfg.min_concurrency,
-                                                                cfg.max_concurrency),
+                                                                cfg.max_concurrency, gradient),
                                              CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s,
                                                             cfg.breaker_max_trips))
         return self.states[url]
@@ -720,7 +800,9 @@ class ChatClient:
         except EndpointError:
             raise
         except TimeoutError:
-            raise TransportError(ep.url, f"no complete answer within timeout_s={self.cfg.timeout_s:g}") from None
+            e = TransportError(ep.url, f"no complete answer within timeout_s={self.cfg.timeout_s:g}")
+            e.timed_out = True
+            raise e from None
         except aiohttp.ClientPayloadError as e:
             raise TransportError(ep.url, f"response body cut short: {e}") from None
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionError) as e:
@@ -810,7 +892,7 @@ class ChatClient:
         waited = 0.0
         while attempt <= self.cfg.max_retries:
             ep = await self._acquire()
-            epoch = ep.limit.epoch
+            epoch, inflight = ep.limit.epoch, ep.inflight
             t0 = time.perf_counter()
             try:
                 res = await self._attempt(ep, req)
@@ -820,7 +902,9 @@ class ChatClient:
                 now = self.clock.now()
                 kind = type(e).__name__
                 ep.n_errors[kind] = ep.n_errors.get(kind, 0) + 1
-                if isinstance(e, ThrottledError):
+                timed_out = getattr(e, "timed_out", False)
+                ep.n_timeouts += int(timed_out)
+                if isinstance(e, ThrottledError) or (timed_out and self.cfg.latency_aware):
                     ep.limit.on_throttle(epoch)
                 if not e.retryable:
                     ep.breaker.probe_in_flight = False     # a rejected probe says nothing of the endpoint
@@ -853,11 +937,11 @@ class ChatClient:
                 raise
             before = ep.limit.limit
             recovered = ep.breaker.open_until != 0.0         # the half-open probe came back: all may go
-            ep.limit.on_success()
+            res.latency_s = time.perf_counter() - t0
+            self._adapt(ep, res, epoch, inflight)
             ep.breaker.on_success()
             await self._release(ep, woken=None if recovered else 1 + max(0, ep.limit.limit - before))
             ep.n_ok += 1
-            res.latency_s = time.perf_counter() - t0
             res.attempts = attempt + 1
             self.n_requests += 1
             self.prompt_tokens += res.prompt_tokens
@@ -866,10 +950,22 @@ class ChatClient:
         assert last is not None
         raise RetriesExhausted(last, self.cfg.max_retries + 1)
 
+    def _adapt(self, ep: EndpointState, res: ChatResult, epoch: int, inflight: int) -> None:
+        """What an answer teaches the endpoint's limit: its latency per token, and whether it came
+        so close to the timeout that the next ones, queued behind it, would not make it."""
+        if self.cfg.latency_aware and res.latency_s > self.cfg.slow_answer_fraction * self.cfg.timeout_s:
+            if ep.limit.on_throttle(epoch):
+                ep.n_slow += 1
+                log.warning("%s answered in %.1f s (> %g of timeout_s=%g): concurrency limit down to %d",
+                            ep.url, res.latency_s, self.cfg.slow_answer_fraction, self.cfg.timeout_s, ep.limit.limit)
+            return
+        ep.limit.on_success(res.latency_s, res.completion_tokens, inflight)
+
     def stats(self) -> dict[str, Any]:
         return {"n_requests": self.n_requests, "n_retries": self.n_retries,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "endpoints": {ep.url: {"ok": ep.n_ok, "errors": dict(ep.n_errors), "limit": ep.limit.limit,
-                                       "limit_decreases": ep.limit.n_decreases, "breaker_trips": ep.breaker.n_trips,
+                                       "limit_decreases": ep.limit.n_decreases, "latency_cuts": ep.limit.n_latency_cuts,
+                                       "timeouts": ep.n_timeouts, "slow_answers": ep.n_slow, "breaker_trips": ep.breaker.n_trips,
                                        "retry_after_waits": ep.n_waits, "retry_after_waited_s": round(ep.waited_s, 3)}
                               for ep in self.endpoints}}

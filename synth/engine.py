@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
@@ -74,8 +74,10 @@ class SynthRunManifest(RunManifest):
 # restarted server on another port, or with more endpoints.
 OPERATIONAL_TEACHER_KEYS = ("endpoints", "api_key_env", "initial_concurrency", "min_concurrency", "max_concurrency",
                             "timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "breaker_failures",
-                            "breaker_cooldown_s", "breaker_max_trips", "ready_timeout_s", "stream", "retry_after_max_s")
-OPERATIONAL_OUTPUT_KEYS = ("max_inflight_rows", "max_error_rows", "check_workers")
+                            "breaker_cooldown_s", "breaker_max_trips", "ready_timeout_s", "stream", "retry_after_max_s",
+                            "latency_aware", "latency_tolerance", "slow_answer_fraction", "batch_completion_window",
+                            "batch_collect_s", "batch_max_requests", "batch_poll_s", "batch_poll_max_s", "batch_failed")
+OPERATIONAL_OUTPUT_KEYS = ("max_inflight_rows", "max_error_rows", "check_workers", "progress_every_s")
 
 
 def run_identity(cfg_dump: dict[str, Any]) -> str:
@@ -102,6 +104,7 @@ class RunEnv:
         self._llm_factory = llm_factory
         self._eval: dict[str, EvalIndex] = {}
         self._served: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._resources: dict[str, Any] = {}
 
     def backend(self, role: str) -> Any:
         if role not in self._backends:
@@ -124,9 +127,18 @@ class RunEnv:
             self._eval[key] = build_eval_index(specs, n)
         return self._eval[key]
 
+    def resource(self, key: str, make: Callable[[], Any]) -> Any:
+        """A run-wide object shared by the steps (an MCP server connection), made on first use;
+        closed (`aclose()`) when the run ends."""
+        if key not in self._resources:
+            self._resources[key] = make()
+        return self._resources[key]
+
     async def close(self) -> None:
         for b in self._backends.values():
             await b.close()
+        for r in self._resources.values():
+            await r.aclose()
 
     def any_answered(self) -> bool:
         """Whether any endpoint of this run has answered a request (or the cache has)."""
@@ -135,6 +147,14 @@ class RunEnv:
 
     def backend_stats(self) -> dict[str, Any]:
         return {role: b.stats() for role, b in self._backends.items()}
+
+    def completion_tokens(self) -> int:
+        """Completion tokens the teachers have answered so far in this run (not from the cache)."""
+        return sum(int(s.get("completion_tokens", 0)) for s in self.backend_stats().values())
+
+    def endpoint_limits(self) -> dict[str, int]:
+        """The concurrency each endpoint is allowed now (host:port -> limit)."""
+        return {url.split("//", 1)[-1].removesuffix("/v1"): st.limit.limit for url, st in self.endpoints.states.items()}
 
 
 # ---- journal ------------------------------------------------------------------------------------
@@ -206,39 +226,92 @@ class Journal:
 
 # ---- progress -----------------------------------------------------------------------------------
 
+def format_eta(seconds: float | None) -> str:
+    """'?' before the first prompt finishes, then '45s', '12m05s', '3h20m'."""
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress_line(done: int, total: int, completion_tokens: int, elapsed_s: float, errors: int = 0,
+                  limits: dict[str, int] | None = None) -> str:
+    """One progress line: prompts done, completion tokens/s since the start (live: counted per
+    answer, so a run whose prompts take long still shows the teacher working), the ETA from the
+    prompt rate so far, and the concurrency each endpoint is allowed now."""
+    rate = completion_tokens / elapsed_s if elapsed_s > 0 else 0.0
+    eta = elapsed_s / done * (total - done) if done else None
+    line = f"{done}/{total} prompts, {rate:.0f} tok/s, ETA {format_eta(eta)}"
+    if errors:
+        line += f", {errors} failed"
+    if limits:
+        line += ", concurrency " + " ".join(f"{u}={n}" for u, n in limits.items())
+    return line
+
+
+ProgressReport = Callable[[str], None]
+
+
 @dataclass
 class Progress:
+    """A tqdm bar on a terminal (or a line every `every_s` seconds to `report`, e.g. a pipeline's
+    log), refreshed by `tick` with the live token count even while no prompt finishes."""
     total: int
     done: int = 0
     records: int = 0
     generated: int = 0
     accepted: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0           # live, from the backends (tick)
     errors: int = 0
     t0: float = field(default_factory=time.perf_counter)
     enabled: bool = True
+    report: ProgressReport | None = None
+    every_s: float = 30.0
     _bar: Any = None
 
     def __post_init__(self) -> None:
-        if self.enabled:
+        if self.enabled and self.report is None:
             self._bar = tqdm(total=self.total, unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True,
                              disable=None if sys.stderr.isatty() else False)
+
+    def _postfix(self) -> str:
+        dt = max(1e-9, time.perf_counter() - self.t0)
+        acc = self.accepted / self.generated if self.generated else 0.0
+        return (f"records={self.records} accept={acc:.0%} tok/s={self.completion_tokens / dt:.0f}"
+                + (f" errors={self.errors}" if self.errors else ""))
 
     def update(self, row: Row) -> None:
         self.done += 1
         self.records += len(row.records)
-        gen = sum(len(v) for v in row.candidates.values())
-        self.generated += gen
+        self.generated += sum(len(v) for v in row.candidates.values())
         self.accepted += sum(1 for v in row.candidates.values() for c in v if c.alive)
-        self.completion_tokens += row.usage["completion_tokens"]
         if self._bar is not None:
-            dt = max(1e-9, time.perf_counter() - self.t0)
-            acc = self.accepted / self.generated if self.generated else 0.0
-            self._bar.set_postfix_str(f"records={self.records} accept={acc:.0%} tok/s={self.completion_tokens / dt:.0f}"
-                                      + (f" errors={self.errors}" if self.errors else ""), refresh=False)
+            self._bar.set_postfix_str(self._postfix(), refresh=False)
             self._bar.update(1)
 
-    def close(self) -> None:
+    def tick(self, completion_tokens: int, limits: dict[str, int]) -> None:
+        self.completion_tokens = completion_tokens
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix() + " concurrency=" + ",".join(map(str, limits.values())))
+        elif self.report is not None:
+            self.report(progress_line(self.done, self.total, completion_tokens, time.perf_counter() - self.t0,
+                                      self.errors, limits))
+
+    async def heartbeat(self, env: "RunEnv") -> None:
+        """Tick every `every_s` seconds (the bar: every 2 s) until cancelled."""
+        if not self.enabled:
+            return
+        while True:
+            await asyncio.sleep(self.every_s if self._bar is None else 2.0)
+            self.tick(env.completion_tokens(), env.endpoint_limits())
+
+    def close(self, env: "RunEnv | None" = None) -> None:
+        if env is not None and self.report is not None and self.enabled:
+            self.tick(env.completion_tokens(), env.endpoint_limits())     # the closing line
         if self._bar is not None:
             self._bar.close()
 
@@ -355,11 +428,12 @@ class _Generated:
 
 
 async def _generate(cfg: GeneratorConfig, journal: Journal, pending: list[Row], env: RunEnv, steps: list[Step],
-                    progress: bool, stop_after_rows: int | None) -> _Generated:
+                    progress: "bool | ProgressReport", stop_after_rows: int | None) -> _Generated:
     """Run the pending rows through the steps concurrently, journaling each finished one. A prompt
     that fails (retries spent, a request rejected for its content, an open breaker) is counted,
     not journaled; a request rejected before any answer, or too many failures, stops the run."""
-    prog = Progress(total=len(pending), enabled=progress)
+    prog = Progress(total=len(pending), enabled=bool(progress), report=progress if callable(progress) else None,
+                    every_s=cfg.output.progress_every_s)
     errors: list[str] = []
     fatal: BaseException | None = None
     sem = asyncio.Semaphore(cfg.output.max_inflight_rows)
@@ -388,6 +462,7 @@ async def _generate(cfg: GeneratorConfig, journal: Journal, pending: list[Row], 
             n_finished += 1
             prog.update(row)
 
+    beat = asyncio.create_task(prog.heartbeat(env))
     try:
         tasks = [asyncio.create_task(one(r)) for r in pending]
         while tasks:
@@ -401,7 +476,8 @@ async def _generate(cfg: GeneratorConfig, journal: Journal, pending: list[Row], 
                 await asyncio.gather(*tasks, return_exceptions=True)
                 break
     finally:
-        prog.close()
+        beat.cancel()
+        prog.close(env)
         stats = env.backend_stats()
     if fatal is not None:
         raise fatal
@@ -467,7 +543,7 @@ def tally(entries: list[dict[str, Any]], steps: list[Step]) -> tuple[dict[str, d
 
 
 async def run_async(cfg: GeneratorConfig, out_dir: str | os.PathLike, *, fresh: bool = False,
-                    restart_if_changed: bool = False, progress: bool = True, llm_factory: Any = None,
+                    restart_if_changed: bool = False, progress: "bool | ProgressReport" = True, llm_factory: Any = None,
                     stop_after_rows: int | None = None, clock: Clock | None = None) -> RunResult:
     """Run (or resume) `cfg` into `out_dir`. `fresh` forgets finished prompts; `restart_if_changed`
     does so only when the directory holds a run of another config (a pipeline stage that reruns

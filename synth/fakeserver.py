@@ -8,7 +8,7 @@ talks to it over sockets exactly as it talks to `vllm serve`. Used by tests/synt
 benchmark (`benchmarks/synth_client.py`, where it runs in its own process) and the demo's `ci`
 profile when no vLLM environment is built.
 
-    python -m synth.fakeserver --port 0 [--responder echo|arithmetic] [--latency-ms 0]
+    python -m synth.fakeserver --port 0 [--responder echo|arithmetic] [--latency-ms 0] [--parallel N]
     python -m synth.fakeserver --port 8000 --model teacher --responder scripted --script synth/scripts/teacher.yaml
 
 prints `listening on http://127.0.0.1:PORT/v1` once it accepts connections.
@@ -26,6 +26,9 @@ tools, or a dict with explicit `tool_calls` (`{"name", "arguments": object or te
 protocol entry, malformed on purpose if the test wants). The tools count in `prompt_tokens`, as
 a chat template that renders them makes them. `tool_calling=False` answers like vLLM started
 without a tool parser: 400 for a request with tools and tool_choice other than "none".
+
+The OpenAI Batch API (`/v1/files`, `/v1/batches`) is served too, its lines answered by the same
+chat path (synth.fakebatch).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Any, Callable, Literal
 from pydantic import model_validator
 
 from common.config import StrictModel, load_yaml, validate
+from synth.fakebatch import BatchService
 from synth.toolcalls import hermes_server_parse
 
 FAULT_KINDS = ("429", "500", "503", "timeout", "malformed", "truncate", "drop", "400", "404")
@@ -218,6 +222,7 @@ class ServerStats:
     n_faults: dict[str, int] = field(default_factory=dict)
     inflight: int = 0
     max_inflight: int = 0               # the most chat requests answered at once
+    n_batch_lines: int = 0              # requests answered as lines of a batch
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -227,13 +232,17 @@ class FakeOpenAIServer:
     def __init__(self, responder: Responder | str = "echo", faults: list[Fault] | None = None,
                  model: str = "fake-teacher", host: str = "127.0.0.1", port: int = 0,
                  latency_s: float = 0.0, record_bodies: bool = True, tool_calling: bool = True,
-                 served_info: dict[str, Any] | None = None):
+                 served_info: dict[str, Any] | None = None, parallel: int | None = None):
         self.responder: Responder = RESPONDERS[responder] if isinstance(responder, str) else responder
         self.faults = list(faults or [])
         self.model = model
         self.host = host
         self.port = port
         self.latency_s = latency_s
+        # a saturated teacher: `parallel` requests are answered in latency_s; with more in flight
+        # each answer takes latency_s * inflight / parallel (a batch that no longer grows shares
+        # the same tokens/s among more requests), so total throughput stays flat
+        self.parallel = parallel
         self.record_bodies = record_bodies
         self.tool_calling = tool_calling
         self.stats = ServerStats()
@@ -244,6 +253,7 @@ class FakeOpenAIServer:
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self.served_info = dict(served_info or {})
+        self.batch = BatchService(self._batch_line)     # /v1/files and /v1/batches
         self._t0 = time.monotonic()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -309,7 +319,7 @@ class FakeOpenAIServer:
                         k, v = ln.split(":", 1)
                         headers[k.strip().lower()] = v.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                keep = await self._dispatch(method, path.split("?")[0], body, writer)
+                keep = await self._dispatch(method, path.split("?")[0], body, writer, headers)
                 if not keep or headers.get("connection", "").lower() == "close":
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -331,7 +341,15 @@ class FakeOpenAIServer:
             hdr.append(f"{k}: {v}")
         return ("\r\n".join(hdr) + "\r\n\r\n").encode() + body
 
-    async def _dispatch(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
+    async def _dispatch(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter,
+                        headers: dict[str, str] | None = None) -> bool:
+        if path.startswith(("/v1/files", "/v1/batches")):
+            status, payload = self._batch_api(method, path, body, (headers or {}).get("content-type", ""))
+            ctype = "application/octet-stream" if isinstance(payload, bytes) else "application/json"
+            writer.write(self._response(status, payload if isinstance(payload, bytes) else json.dumps(payload).encode(),
+                                        content_type=ctype))
+            await writer.drain()
+            return True
         if method == "GET" and path in ("/v1/models", "/models"):
             owner = self.served_info.get("owned_by", "purokit-fake")
             data = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": owner}]}
@@ -392,7 +410,7 @@ class FakeOpenAIServer:
             self.stats.max_inflight = max(self.stats.max_inflight, self.stats.inflight)
         try:
             if self.latency_s:
-                await asyncio.sleep(self.latency_s)
+                await asyncio.sleep(self.latency_s * max(1.0, self.stats.inflight / (self.parallel or math.inf)))
             if req.get("stream"):
                 await self._stream(req, writer, truncate=False)
             else:
@@ -402,6 +420,50 @@ class FakeOpenAIServer:
             with self._lock:
                 self.stats.inflight -= 1
         return True
+
+    def _batch_api(self, method: str, path: str, body: bytes, content_type: str) -> tuple[int, Any]:
+        """The Batch API routes (synth.fakebatch); a file's content is returned as bytes."""
+        b = self.batch
+        parts = path.strip("/").split("/")             # v1, files|batches, id?, content|cancel?
+        if parts[1] == "files":
+            if method == "POST" and len(parts) == 2:
+                return b.upload(content_type, body)
+            fid = parts[2] if len(parts) > 2 else ""
+            if fid not in b.files:
+                return 404, {"error": {"message": f"No such File object: {fid}", "type": "invalid_request_error"}}
+            return (200, b.contents[fid]) if parts[-1] == "content" else (200, b.files[fid])
+        if method == "POST" and len(parts) == 2:
+            try:
+                return b.create(json.loads(body))
+            except json.JSONDecodeError:
+                return 400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
+        if method == "GET" and len(parts) == 2:
+            return 200, b.listing()
+        if method == "POST" and parts[-1] == "cancel":
+            return b.cancel(parts[2])
+        return b.retrieve(parts[2])
+
+    def _batch_line(self, req: dict[str, Any], raw: bytes) -> tuple[int, dict[str, Any]]:
+        """One batch line through the chat path: (HTTP status, body) as an online request would get."""
+        key = hashlib.sha256(raw).hexdigest()
+        with self._lock:
+            n = self.stats.n_requests
+            self.stats.n_requests += 1
+            self.stats.n_batch_lines += 1
+            attempt = self._attempts.get(key, 0)
+            self._attempts[key] = attempt + 1
+        if req.get("model") != self.model:
+            return 404, {"error": {"message": f"The model `{req.get('model')}` does not exist.", "type": "NotFoundError"}}
+        problem = request_problem(req, self.tool_calling)
+        if problem is not None:
+            return 400, {"error": {"message": problem, "type": "BadRequestError"}}
+        fault = next((f for f in self.faults if f.matches(n, attempt, key, raw, time.monotonic() - self._t0)), None)
+        if fault is not None:
+            with self._lock:
+                self.stats.n_faults[fault.kind] = self.stats.n_faults.get(fault.kind, 0) + 1
+            code = int(fault.kind) if fault.kind.isdigit() else 500
+            return code, {"error": {"message": f"scripted fault {fault.kind}", "type": "fault", "code": code}}
+        return 200, self._completion(req)
 
     async def _fault(self, fault: Fault, req: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         k = fault.kind
@@ -625,6 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--script", help="the YAML script of --responder scripted (rules: match -> reply, tool_calls, "
                                      "reasoning_content)")
     ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--parallel", type=int, default=None,
+                    help="requests answered at full speed at once; more in flight share its throughput "
+                         "(latency-ms x in flight / parallel each)")
     ap.add_argument("--no-tool-calling", action="store_true", help="answer requests with tools as vLLM without a tool parser (400)")
     ap.add_argument("--fault", action="append", default=[],
                     help='a fault rule as JSON, e.g. \'{"kind": "429", "first_n": 100}\'')
@@ -633,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--responder scripted and --script FILE go together")
     srv = FakeOpenAIServer(ScriptedResponder.from_file(args.script) if args.script else args.responder, [Fault(**json.loads(f)) for f in args.fault], model=args.model,
                            host=args.host, port=args.port, latency_s=args.latency_ms / 1000, record_bodies=False,
-                           tool_calling=not args.no_tool_calling)
+                           tool_calling=not args.no_tool_calling, parallel=args.parallel)
 
     def ready() -> None:
         print(f"listening on {srv.base_url}", flush=True)

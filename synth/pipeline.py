@@ -50,6 +50,7 @@ class OutputConfig(StrictModel):
     keep_reject_text_chars: int = 4000      # how much of a rejected response the quarantine keeps
     check_timeout_s: float = 20.0           # per verifier/validator call (synth.checkpool); past it: verdict timeout
     check_workers: int | None = None        # check-pool processes (default: min(4, CPUs))
+    progress_every_s: float = 30.0          # a progress line this often when the run reports to a log
 
 
 class GeneratorConfig(StrictModel):

@@ -31,6 +31,11 @@ from synth.toolcalls import canonical_arguments, hermes_blocks, parse_json_objec
 
 PROTOCOLS = ("native", "prompted")
 
+
+class ToolCallFailed(RuntimeError):
+    """A real tool (an MCP server's) failed, timed out or returned an error: the conversation is
+    rejected with this reason."""
+
 ASSISTANT_SYSTEM = """{preamble}
 
 You can call these functions:
@@ -233,7 +238,12 @@ async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str,
                 answered = True
                 break
             for i, call in enumerate(parsed.calls):
-                raw = await tool_model(call, messages, (turn, step, i))
+                try:
+                    raw = await tool_model(call, messages, (turn, step, i))
+                except ToolCallFailed as e:
+                    res.count("tool_response", 1, 0)
+                    res.reason = str(e)
+                    return res
                 try:
                     result = parse_json_object(raw)
                     res.count("tool_response", 1, 1)

@@ -33,13 +33,14 @@ from typing import Any, Iterator, Literal
 
 from pydantic import Field
 
-from common.config import StrictModel
+from common.config import StrictModel, validate
 from common.hashing import stable_id
 from common.records import Verification
 from synth.backends import tool_support
 from synth.client import RetriesExhausted
 from synth.domains import tool_sim
-from synth.domains.seeds import load_personas, load_toolsets, load_topics
+from synth.domains.mcp_tools import McpServerConfig, McpTools, ToolsConfig, list_tools_now
+from synth.domains.seeds import Toolset, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems
 from synth.pipeline import Candidate, Row, RowError, Step, register_source, register_step, render
 from synth.steps import JudgeParams, judge_pass_fail
@@ -88,11 +89,21 @@ def sample_tasks(seed: int, n: int, toolsets: list[Any], personas: list[Any], to
 @register_source("tool_tasks")
 def tool_task_source(seed: int, n: int = 100, toolsets: str = "toolsets.yaml", personas: str = "personas.yaml",
                      topics: str = "tool_topics.yaml", max_tools: int = MAX_TOOLS_PER_TASK, max_toolsets: int = 2,
-                     type_weights: dict[str, float] | None = None) -> Iterator[dict[str, Any]]:
+                     type_weights: dict[str, float] | None = None,
+                     tools: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Tasks over the shipped toolsets, or (`tools: {mcp: {command: [...]} | {url: ...}}`) over
+    the tools an MCP server lists, which the rollout then calls for real."""
     if max_tools > MAX_TOOLS_PER_TASK:
         raise ValueError(f"max_tools {max_tools}: at most {MAX_TOOLS_PER_TASK} tools per task (Nemotron 3 §3.1.1)")
-    yield from sample_tasks(seed, n, load_toolsets(toolsets), load_personas(personas), load_topics(topics),
-                            max_tools, max_toolsets, type_weights)
+    if tools is None:
+        yield from sample_tasks(seed, n, load_toolsets(toolsets), load_personas(personas), load_topics(topics),
+                                max_tools, max_toolsets, type_weights)
+        return
+    server = validate(ToolsConfig, tools, "source.tools").mcp
+    listed = Toolset(id=f"mcp:{server.describe()}", description="tools of an MCP server", tools=list_tools_now(server))
+    for task in sample_tasks(seed, n, [listed], load_personas(personas), load_topics(topics), max_tools, 1,
+                             type_weights):
+        yield dict(task, tool_server=server.model_dump(mode="json", exclude_none=True))
 
 
 def _fields(row: Row, **extra: Any) -> dict[str, Any]:
@@ -297,6 +308,8 @@ class ToolSimulate(Step):
             first = q.text
             fns = sim_callables(self, row, self.cfg, tools, lambda msgs: first, (q.index,), followup=followup,
                                 protocol=protocol)
+            if row.fields.get("tool_server"):
+                fns["tool_model"] = self.real_tools(row.fields["tool_server"])
             opts = tool_sim.SimOptions(max_steps_per_turn=self.cfg.max_steps_per_turn, user_turns=user_turns,
                                        tool_result_role=self.cfg.tool_result_role, turn_judge=self.cfg.turn_judge,
                                        stop_on_violation=self.cfg.stop_on_violation, protocol=protocol)
@@ -311,6 +324,17 @@ class ToolSimulate(Step):
             made.append((c, "" if sim.ok else sim.reason))
         why = {id(c): reason for c, reason in made}
         await self.keep(row, [c for c, _ in made], lambda c: why[id(c)] or None)
+
+    def real_tools(self, server: dict[str, Any]) -> Any:
+        """A `tool_model` that calls the task's MCP server instead of simulating it (one
+        connection per server per run)."""
+        cfg = McpServerConfig.model_validate(server)
+        conn = self.env.resource("mcp:" + json.dumps(server, sort_keys=True), lambda: McpTools(cfg))
+
+        async def call(c: dict[str, Any], messages: list[dict[str, Any]], k: tuple) -> str:
+            return await conn.call(c["function"]["name"], tool_sim.call_arguments(c))
+
+        return call
 
 
 @register_step("tool_rules")
@@ -366,7 +390,8 @@ class FormatToolUse(Step):
                 "schema_violations": len(c.parsed["schema_violations"]),
                 "trajectory_judgement": c.parsed.get("trajectory_judgement"),
                 "n_tool_calls": (c.parsed.get("rule_checks") or {}).get("n_tool_calls"),
-                "simulator_model": self.env.backend(self.cfg.tool_teacher).cfg.model,
+                "simulator_model": ("mcp:" + McpServerConfig.model_validate(row.fields["tool_server"]).describe()
+                                    if row.fields.get("tool_server") else self.env.backend(self.cfg.tool_teacher).cfg.model),
             }
             verification = Verification(method="tool_schema+rules+judges", verdict=True, score=None,
                                         rule="query_gate,tool_verifier,turn_judge,rules,trajectory_judge")

@@ -3,9 +3,13 @@ synth.fakeserver) and small generator configs that point at it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 from synth.fakeserver import FakeOpenAIServer, Fault
 
@@ -53,3 +57,13 @@ def pairs_config(url: str, n_prompts: int = 12, n: int = 3, **extra: Any) -> dic
     }
     cfg.update(extra)
     return cfg
+
+
+def spawn_synth(cfg: dict[str, Any], tmp_path: Path, out: Path) -> tuple[subprocess.Popen[bytes], list[str]]:
+    """`python -m synth <cfg> --out OUT` started in the background (a test kills it mid-run), and
+    its command line, to run it again."""
+    cfg_path = tmp_path / "gen.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "synth", str(cfg_path), "--out", str(out), "--no-progress"]
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), cmd

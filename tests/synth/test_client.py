@@ -10,7 +10,7 @@ import time
 import pytest
 
 from synth.client import (AdaptiveLimit, ChatClient, ChatRequest, CircuitBreaker, CircuitOpenError, EndpointPool,
-                          EndpointNotReady, MalformedResponse, RequestRejected, TeacherConfig, backoff_delay_s,
+                          EndpointNotReady, LatencyGradient, MalformedResponse, RequestRejected, TeacherConfig, backoff_delay_s,
                           classify_status, parse_chat_response, request_body)
 from synth.fakeserver import FakeOpenAIServer, Fault, echo_responder
 from synth.servers import free_port
@@ -53,6 +53,36 @@ def test_adaptive_limit_halves_once_per_window_and_grows_slowly():
     for _ in range(10):
         lim.on_throttle(lim.epoch)
     assert lim.limit == 1                   # never below the minimum
+
+
+def test_latency_gradient_is_one_within_tolerance_and_falls_with_slower_answers():
+    g = LatencyGradient(tolerance=1.5, warmup=4)
+    assert [g.observe(0.01) for _ in range(4)] == [1.0] * 4       # the baseline: 10 ms per token
+    assert g.observe(0.014) == 1.0                                  # within 1.5x: no queue yet
+    assert 0.5 < g.observe(0.02) < 0.8                              # 2x slower: the limit should fall
+    assert g.observe(1.0) == 0.5                                    # an outlier halves at most
+    long_before = g.long_s
+    g.observe(long_before / 4)                                      # the queue drained: baseline follows at once
+    assert g.long_s < long_before * 0.96
+
+
+def test_adaptive_limit_falls_when_latency_per_token_rises_and_grows_only_when_used():
+    lim = AdaptiveLimit(initial=16, minimum=1, maximum=64, gradient=LatencyGradient(tolerance=1.5, warmup=4))
+    for _ in range(4):
+        lim.on_success(latency_s=1.0, n_tokens=100, inflight=16)   # 10 ms per token
+    assert lim.limit == 16
+    lim.on_success(latency_s=2.0, n_tokens=200, inflight=16)       # longer answer, same speed: grows
+    assert lim.value > 16
+    for _ in range(10):
+        lim.on_success(latency_s=3.0, n_tokens=100, inflight=16)   # 3x slower per token
+    assert lim.limit < 10 and lim.n_latency_cuts == 10
+    low = lim.value
+    lim.on_success(latency_s=1.0, n_tokens=100, inflight=1)        # app-limited: says nothing about more
+    assert lim.value == low
+    aimd = AdaptiveLimit(initial=16, minimum=1, maximum=64)        # without a gradient: AIMD only
+    for _ in range(10):
+        aimd.on_success(latency_s=3.0, n_tokens=100, inflight=16)
+    assert aimd.limit == 16 and aimd.value > 16
 
 
 def test_circuit_breaker_trips_cools_down_probes_and_exhausts():
@@ -149,6 +179,68 @@ def test_429_burst_halves_concurrency(fake_server):
     res, stats = run(complete_all(cfg, [req(i) for i in range(64)]))
     ep = stats["endpoints"][srv.base_url]
     assert len(res) == 64 and ep["limit_decreases"] >= 1 and ep["limit"] < 32
+
+
+async def complete_counting_failures(cfg: TeacherConfig, reqs: list[ChatRequest]):
+    async with ChatClient(cfg) as c:
+        res = await asyncio.gather(*(c.complete(r) for r in reqs), return_exceptions=True)
+        return res, c.stats()
+
+
+def test_slow_teacher_adaptive_limit_completes_every_prompt_where_a_fixed_limit_times_out(fake_server):
+    """A teacher that never throttles but slows down under load (2 requests at full speed, each
+    further one in flight stretches every answer): 48 requests at once take 2.4 s each, past the
+    1.5 s timeout; the adaptive limit holds the teacher where answers come back in time."""
+    srv = fake_server(latency_s=0.1, parallel=2)
+    common = dict(timeout_s=1.5, max_retries=0, breaker_failures=1000)
+    fixed = TeacherConfig(**fast_teacher([srv.base_url], initial_concurrency=48, min_concurrency=48,
+                                         max_concurrency=48, **common))
+    prompts = [req(i) for i in range(48)]
+    res, stats = run(complete_counting_failures(fixed, prompts))
+    failed = [r for r in res if isinstance(r, BaseException)]
+    assert failed and stats["endpoints"][srv.base_url]["timeouts"] == len(failed)
+    assert all("timeout_s=1.5" in str(e) for e in failed)
+
+    srv2 = fake_server(latency_s=0.1, parallel=2)
+    adaptive = TeacherConfig(**fast_teacher([srv2.base_url], initial_concurrency=4, max_concurrency=48, **common))
+    res, stats = run(complete_counting_failures(adaptive, prompts))
+    assert [r.content for r in res] == [expected(r) for r in prompts]        # every prompt, none failed
+    ep = stats["endpoints"][srv2.base_url]
+    assert ep["timeouts"] == 0 and ep["ok"] == 48 and ep["latency_cuts"] > 0
+    assert ep["limit"] < 16 and srv2.stats.max_inflight < 16
+
+
+async def complete_with_slowdown(srv, cfg: TeacherConfig, reqs: list[ChatRequest], after: int):
+    """Send every request; once `after` have come back, the teacher gets twice as slow (another
+    tenant arrived on its GPU)."""
+    async with ChatClient(cfg) as c:
+        tasks = [asyncio.create_task(c.complete(r)) for r in reqs]
+        for i, fut in enumerate(asyncio.as_completed(tasks), 1):
+            try:
+                await fut
+            except Exception:
+                pass
+            if i == after:
+                srv.latency_s *= 2
+        return await asyncio.gather(*tasks, return_exceptions=True), c.stats()
+
+
+def test_a_teacher_that_slows_down_mid_run_is_followed_down_where_aimd_alone_times_out(fake_server):
+    """Started at 24 in flight (answers in 1.2 s, under the 2 s timeout), the teacher then halves
+    its speed: the AIMD limit, which only a 429 lowers, keeps 24 in flight and every answer takes
+    2.4 s; the latency-aware limit has already come down and stays under the timeout."""
+    prompts = [req(i) for i in range(72)]
+    outcomes = {}
+    for aware in (False, True):
+        srv = fake_server(latency_s=0.1, parallel=2)
+        cfg = TeacherConfig(**fast_teacher([srv.base_url], initial_concurrency=24, max_concurrency=48, timeout_s=2.0,
+                                           max_retries=0, breaker_failures=1000, latency_aware=aware))
+        res, stats = run(complete_with_slowdown(srv, cfg, prompts, after=24))
+        outcomes[aware] = (sum(isinstance(r, BaseException) for r in res), stats["endpoints"][srv.base_url])
+    failed, ep = outcomes[False]
+    assert failed > 0 and ep["timeouts"] == failed and ep["limit"] >= 24
+    failed, ep = outcomes[True]
+    assert failed == 0 and ep["timeouts"] == 0 and ep["ok"] == 72 and ep["limit"] < 24
 
 
 def test_sustained_failure_trips_breaker_with_clear_error_instead_of_stalling(fake_server):

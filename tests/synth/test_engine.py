@@ -9,14 +9,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from common.errors import ContractError
 from synth.backends import CachedBackend, VllmBackend, result_from_vllm_output, vllm_sampling_kwargs
@@ -29,7 +27,7 @@ from synth.pipeline import GeneratorConfig, Row, Step, register_step
 from synth.servers import free_port
 from common.records import SYSTEM_OFF, SYSTEM_ON, read_records
 
-from .conftest import fast_teacher, pairs_config
+from .conftest import fast_teacher, pairs_config, spawn_synth
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,11 +128,8 @@ def test_kill_9_mid_run_then_resume_loses_and_duplicates_nothing(fake_server, tm
         t["initial_concurrency"] = 2
         t["max_concurrency"] = 2
     cfg["output"]["max_inflight_rows"] = 4
-    cfg_path = tmp_path / "gen.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "synth", str(cfg_path), "--out", str(out), "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, cmd = spawn_synth(cfg, tmp_path, out)
     journal = out / "journal.jsonl"
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60:
