@@ -68,6 +68,32 @@ MAX_OPEN_SPILL_FILES = 256
 
 # ---- the one distributed mechanism: exact prefix sums ---------------------------------------------
 
+def profiled(fn: Callable) -> Callable:
+    """fn itself, or (when the driver's environment names PUROKIT_UDF_PROFILE_DIR) fn under cProfile
+    (CPU time) in the executors' Python workers, one stats file per task (benchmarks/profile_materialize_spark.py
+    reads them)."""
+    directory = os.environ.get("PUROKIT_UDF_PROFILE_DIR")
+    if not directory:
+        return fn
+
+    def run(batches):
+        import cProfile
+
+        prof, it = cProfile.Profile(time.process_time), fn(batches)
+        while True:
+            prof.enable()
+            try:
+                out = next(it)
+            except StopIteration:
+                break
+            finally:
+                prof.disable()
+            yield out
+        prof.dump_stats(os.path.join(directory, f"{fn.__qualname__}-{uuid.uuid4().hex[:12]}.prof"))
+
+    return run
+
+
 def freeze(df):
     """Pin partitions and their order (a re-run of a range partitioning could sample other
     bounds): a reliable checkpoint when the context has a checkpoint directory (`--checkpoint-dir`;
@@ -86,7 +112,7 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, sums
     plus offsets.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StructField
+    from pyspark.sql.types import LongType
 
     sums = sums or {"prefix": "n"}
     spark = df.sparkSession
@@ -104,47 +130,85 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, sums
             totals[r["_pid"], gi[r[group_col] if group_col else 0], i] = int(r[f"_t{i}"] or 0)
     offsets = cm.partition_offsets(totals.reshape(n, -1)).reshape(totals.shape)
     bc = spark.sparkContext.broadcast((offsets, gi))
-    schema = _nullable(s.schema, [StructField(o, LongType(), True) for o in sums])
+    carry: dict[Any, np.ndarray] = {}            # running sums of this task's partition, per group
 
-    def fn(batches):
+    def prefix(cols: "ArrowColumns") -> dict[str, np.ndarray]:
+        from pyspark import TaskContext
+
         offs, index = bc.value
-        carry: dict[Any, np.ndarray] = {}
-        for pdf in batches:
-            if pdf.empty:
-                continue
-            pid = int(pdf["_pid"].iloc[0])
-            v = np.stack([pdf[c].to_numpy(dtype=np.int64) for c in values], axis=1)
-            group = pdf[group_col].to_numpy() if group_col else np.zeros(len(pdf), dtype=np.int64)
-            out = np.empty_like(v)
-            for k in dict.fromkeys(group.tolist()):
-                m = group == k
-                base = carry[k] if k in carry else offs[pid, index[k]]
-                out[m] = cm.exclusive_cumsum(v[m]) + base
-                carry[k] = base + v[m].sum(axis=0)
-            yield pdf.assign(**{o: out[:, i] for i, o in enumerate(sums)})
+        pid = int(cols["_pid"].to_numpy()[0])
+        task = TaskContext.get().taskAttemptId()
+        v = np.stack([cols[c].to_numpy(np.int64) for c in values], axis=1)
+        group = cols[group_col].to_numpy() if group_col else np.zeros(len(cols), dtype=np.int64)
+        out = np.empty_like(v)
+        for k in dict.fromkeys(group.tolist()):
+            m = group == k
+            base = carry[task, k] if (task, k) in carry else offs[pid, index[k]]
+            out[m] = cm.exclusive_cumsum(v[m]) + base
+            carry[task, k] = base + v[m].sum(axis=0)
+        return {o: out[:, i] for i, o in enumerate(sums)}
 
-    return s.mapInPandas(fn, schema).drop("_pid")
+    return _map_columns(s, [(o, LongType()) for o in sums], prefix).drop("_pid")
 
 
-def _nullable(schema, extra):
-    """Pandas UDF output schema: every field nullable (pandas turns NaN into Arrow nulls)."""
-    from pyspark.sql.types import StructField, StructType
+class ArrowColumns:
+    """One Arrow batch seen column by column as numpy arrays (`cols["n"].to_numpy(np.int64)`,
+    `cols["dup"].fillna(1)`, `cols[mask]`): what the plan's per-batch functions read, without a
+    pandas round trip."""
 
-    return StructType([StructField(f.name, f.dataType, True) for f in list(schema.fields) + list(extra)])
+    def __init__(self, batch: pa.RecordBatch):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return self.batch.num_rows
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return ArrowColumn(self.batch.column(key))
+        return ArrowColumns(self.batch.filter(pa.array(np.asarray(key, dtype=bool))))
+
+
+class ArrowColumn:
+    def __init__(self, array: pa.Array):
+        self.array = array
+
+    def fillna(self, value) -> "ArrowColumn":
+        return ArrowColumn(self.array.fill_null(value))
+
+    def to_numpy(self, dtype=None) -> np.ndarray:
+        a = self.array
+        if pa.types.is_string(a.type) or pa.types.is_large_string(a.type):
+            return np.array(a.to_pylist(), dtype=object)
+        if a.null_count and pa.types.is_integer(a.type):
+            a = a.cast(pa.float64())                 # nulls become NaN, as pandas has them
+        out = a.to_numpy(zero_copy_only=False)
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def _map_columns(df, new_fields: list[tuple[str, Any]], fn: Callable):
-    """mapInPandas that adds columns computed by fn(pdf) -> dict of arrays."""
+    """mapInArrow that appends the columns computed by fn(ArrowColumns) -> {name: array}."""
+    from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import StructField
 
     schema = _nullable(df.schema, [StructField(n, t, True) for n, t in new_fields])
+    types = [(n, to_arrow_type(t)) for n, t in new_fields]
 
     def run(batches):
-        for pdf in batches:
-            if len(pdf):
-                yield pdf.assign(**fn(pdf))
+        for b in batches:
+            if b.num_rows:
+                got = fn(ArrowColumns(b))
+                yield pa.RecordBatch.from_arrays(
+                    b.columns + [pa.array(np.ascontiguousarray(np.broadcast_to(got[n], b.num_rows)), t) for n, t in types],
+                    names=b.schema.names + [n for n, _ in types])
 
-    return df.mapInPandas(run, schema)
+    return df.mapInArrow(profiled(run), schema)
+
+
+def _nullable(schema, extra):
+    """UDF output schema: every field nullable."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, f.dataType, True) for f in list(schema.fields) + list(extra)])
 
 
 def _per_component(pdf, spec: MixtureSpec, fn: Callable, dtype) -> np.ndarray:
@@ -215,7 +279,7 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
                     yield _tokenize_batch(b, tok, dtype, fh, tfile, offset, ci, name, scored, has_dup, arrow_schema)
                     offset = fh.tell() // dtype.itemsize
 
-        frames.append(df.mapInArrow(fn, schema))
+        frames.append(df.mapInArrow(profiled(fn), schema))
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f)
@@ -612,32 +676,31 @@ def write_files(spark, plan, token_dir: Path, directory: Path, vocab_size: int) 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     keys = ["seg_rank", "part"]
-    rows = (plan.select("segment", "part", "seg_rank", "tfile", "toff", "n", "id", "label", "bucket", "rank", "copy",
-                        *ORDER)
+    columns = ["segment", "part", "seg_rank", "tfile", "toff", "n", "id", "label", "bucket", "rank", "copy"]
+    rows = (plan.select(*columns, *ORDER)
             .repartition(2 * spark.sparkContext.defaultParallelism, *keys).sortWithinPartitions(*keys, *ORDER))
     dtype = token_dtype(vocab_size)
     schema = StructType([StructField("seg_rank", LongType()), StructField("part", LongType()),
                          StructField("shard", StringType())])
+    out_schema = pa.schema([("seg_rank", pa.int64()), ("part", pa.int64()), ("shard", pa.string())])
 
     def fn(batches):
-        import pandas as pd
-
         tokens = SpillFiles(token_dir, dtype)
 
         def docs():
-            for pdf in batches:
-                yield from zip(pdf["segment"], pdf["part"], pdf["seg_rank"], pdf["tfile"], pdf["toff"], pdf["n"],
-                               pdf["id"], pdf["label"], pdf["bucket"], pdf["rank"], pdf["copy"])
+            for b in batches:
+                yield from zip(*(b.column(c).to_pylist() for c in columns))
         try:
-            for (segment, part, seg_rank), grp in groupby(docs(), key=lambda r: (r[0], int(r[1]), int(r[2]))):
+            for (segment, part, seg_rank), grp in groupby(docs(), key=lambda r: (r[0], r[1], r[2])):
                 sf = write_shard_file(directory, cm.shard_name(segment, part), segment,
-                                      ((tokens(r[3], int(r[4]), int(r[5])), str(r[6]), str(r[7]), int(r[8]),
-                                        float(r[9]), int(r[10])) for r in grp), vocab_size)
-                yield pd.DataFrame({"seg_rank": [seg_rank], "part": [part], "shard": [sf.model_dump_json()]})
+                                      ((tokens(r[3], r[4], r[5]), r[6], r[7], r[8], r[9], r[10]) for r in grp),
+                                      vocab_size)
+                yield pa.RecordBatch.from_pydict({"seg_rank": [seg_rank], "part": [part],
+                                                  "shard": [sf.model_dump_json()]}, schema=out_schema)
         finally:
             tokens.close()
 
-    got = rows.mapInPandas(fn, schema).collect()
+    got = rows.mapInArrow(profiled(fn), schema).collect()
     got.sort(key=lambda r: (r["seg_rank"], r["part"]))
     return [ShardFile.model_validate_json(r["shard"]) for r in got]
 
