@@ -43,14 +43,16 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from common import atomic
+from common import atomic, storage
 from common.component import Component
 from common.document import spark_col
 from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, fingerprints
+from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
 from mixtures.materialize import assemble_manifest, component_uses_from, select_sets, write_run_record, write_shard_file
 from mixtures.plan import eval_components, holdout_key_ids
@@ -244,12 +246,12 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     want = {"tokenizer": tokenizer.identity.digest,
             "components": {c.name: [sha256_file(opened[c.name].directory / MANIFEST_NAME), c.score_field]
                            for c in spec.components}}
-    if marker.is_file() and json.loads(marker.read_text()) == want and (meta_dir / "_SUCCESS").is_file():
+    if marker.is_file() and json.loads(marker.read_text()) == want:     # the marker is written last
         log.info("token spill complete from an earlier run, reused")
-        return spark.read.parquet(str(meta_dir))
+        return _read_meta(spark, meta_dir)
     if spill.exists():
-        shutil.rmtree(spill)
-    token_dir.mkdir(parents=True)
+        storage.remove_tree(spill)
+    storage.makedirs(token_dir)
     fields = [("comp", IntegerType(), pa.int32()), ("id", StringType(), pa.string()), ("uid", StringType(), pa.string()),
               ("n", LongType(), pa.int64()), ("score", DoubleType(), pa.float64()), ("dup", LongType(), pa.int64()),
               ("reason", StringType(), pa.string()), ("tfile", StringType(), pa.string()), ("toff", LongType(), pa.int64())]
@@ -257,6 +259,7 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     arrow_schema = pa.schema([(n, a) for n, _, a in fields])
     payload = spark.sparkContext.broadcast(tokenizer.payload())
     dtype = token_dtype(tokenizer.vocab_size)
+    tokens_url = str(token_dir)
     frames = []
     for ci, c in enumerate(spec.components):
         comp = opened[c.name]
@@ -265,7 +268,7 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
         sel = [F.col("id"), F.col("text")] + ([F.col(spark_col(c.score_field)).alias("score_in")] if c.score_field else [])
         if has_dup:
             sel.append(F.col("dup_count"))
-        df = spark.read.parquet(*[str(p) for p in comp.paths]).select(*sel)
+        df = read_parquet(spark, comp.paths).select(*sel)
 
         def fn(batches, ci=ci, name=c.name, scored=c.score_field is not None, has_dup=has_dup):
             from pyspark import TaskContext
@@ -274,18 +277,25 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
             ctx = TaskContext.get()
             tfile = f"{ci:03d}-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.bin"
             offset = 0
-            with open(token_dir / tfile, "wb") as fh:
+            # one object per task on a store (streamed up in parts); a local file otherwise
+            with storage.open(storage.join(tokens_url, tfile), "wb") as fh:
                 for b in batches:
-                    yield _tokenize_batch(b, tok, dtype, fh, tfile, offset, ci, name, scored, has_dup, arrow_schema)
-                    offset = fh.tell() // dtype.itemsize
+                    meta = _tokenize_batch(b, tok, dtype, fh, tfile, offset, ci, name, scored, has_dup, arrow_schema)
+                    offset += int(pc.sum(meta.column("n")).as_py() or 0)
+                    yield meta
 
         frames.append(df.mapInArrow(profiled(fn), schema))
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f)
-    out.write.mode("overwrite").parquet(str(meta_dir))
+    write_sorted_parquet(out, meta_dir, 0, sort_cols=("comp", "id"), already_partitioned=True)
     atomic.write_json(marker, want)
-    return spark.read.parquet(str(meta_dir))
+    return _read_meta(spark, meta_dir)
+
+
+def _read_meta(spark, meta_dir):
+    """The metadata rows `tokenize` wrote (pyarrow parts, on any filesystem)."""
+    return read_parquet(spark, sorted(storage.glob(storage.join(meta_dir, "part-*.parquet"))))
 
 
 def _tokenize_batch(b, tok: Tokenizer, dtype, fh, tfile: str, offset: int, ci: int, name: str, scored: bool,
@@ -303,8 +313,8 @@ def _tokenize_batch(b, tok: Tokenizer, dtype, fh, tfile: str, offset: int, ci: i
         n[keep] = lengths
         toff[keep] = offset + cm.exclusive_cumsum(lengths)
     return pa.RecordBatch.from_arrays([
-        pa.array([ci] * len(ids), pa.int32()), pa.array(ids, pa.string()),
-        pa.array([f"{name}\x1f{i}" for i in ids], pa.string()), pa.array(n, pa.int64()),
+        pa.array([ci] * len(ids), pa.int32()), b.column("id").cast(pa.string()),
+        pc.binary_join_element_wise(pa.scalar(name), b.column("id").cast(pa.string()), "\x1f"), pa.array(n, pa.int64()),
         (b.column("score_in").cast(pa.float64()) if scored else pa.nulls(len(ids), pa.float64())),
         (b.column("dup_count").cast(pa.int64()) if has_dup else pa.nulls(len(ids), pa.int64())),
         pa.array(reason, pa.string()), pa.array([tfile] * len(ids), pa.string()), pa.array(toff, pa.int64())],
@@ -644,10 +654,11 @@ def assign_parts(plan, shard_tokens: int):
 
 class SpillFiles:
     """tokens(file, offset, n) from the task spill files, by positioned reads (at most
-    MAX_OPEN_SPILL_FILES descriptors open, least recently used closed first)."""
+    MAX_OPEN_SPILL_FILES descriptors open, least recently used closed first). Spill files on an
+    object store are fetched whole, once per executor, into its local cache (`local_spill`)."""
 
-    def __init__(self, directory: Path, dtype: np.dtype):
-        self.directory, self.dtype = directory, dtype
+    def __init__(self, directory: str, dtype: np.dtype):
+        self.directory, self.dtype = str(directory), dtype
         self._fds: dict[str, int] = {}
 
     def __call__(self, tfile: str, toff: int, n: int) -> np.ndarray:
@@ -655,13 +666,13 @@ class SpillFiles:
         if fd is None:
             if len(self._fds) >= MAX_OPEN_SPILL_FILES:
                 os.close(self._fds.pop(next(iter(self._fds))))
-            fd = os.open(self.directory / tfile, os.O_RDONLY)
+            fd = os.open(local_spill(self.directory, tfile), os.O_RDONLY)
         self._fds[tfile] = fd
         size = self.dtype.itemsize
         data = os.pread(fd, n * size, toff * size)
         if len(data) != n * size:
-            raise ContractError(self.directory / tfile, f"token spill is truncated at token {toff} (+{n}); "
-                                "delete the work directory and run again")
+            raise ContractError(storage.join(self.directory, tfile), f"token spill is truncated at token {toff} "
+                                f"(+{n}); delete the work directory and run again")
         return np.frombuffer(data, dtype=self.dtype)
 
     def close(self) -> None:
@@ -670,9 +681,30 @@ class SpillFiles:
         self._fds.clear()
 
 
-def write_files(spark, plan, token_dir: Path, directory: Path, vocab_size: int) -> list[ShardFile]:
-    """Each task writes whole shard files (one per (segment, part)) with the shared writer; the
-    plan rows are shuffled to them (metadata only) and each reads its documents' tokens."""
+def local_spill(directory: str, tfile: str) -> Path:
+    """A local path holding spill file `tfile` of `directory`: itself on a filesystem, else a copy
+    in this machine's cache (downloaded whole under a temporary name, then renamed: tasks of one
+    executor share it)."""
+    if not storage.is_remote(directory):
+        return Path(directory) / tfile
+    local = storage.local_scratch(directory) / tfile
+    if not local.is_file():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fs, inner = storage.filesystem(storage.join(directory, tfile))
+        tmp = local.with_name(f"{atomic.TMP_PREFIX}{tfile}.{uuid.uuid4().hex[:8]}")
+        try:
+            fs.get_file(inner, str(tmp))
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return local
+
+
+def write_files(spark, plan, token_dir, directory, vocab_size: int) -> list[ShardFile]:
+    """Each task writes whole shard files (one per (segment, part)) with the shared writer into
+    `directory` (an attempt: a shared directory, or an object-store prefix that the files are
+    uploaded to once written locally); the plan rows are shuffled to them (metadata only) and
+    each reads its documents' tokens."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     keys = ["seg_rank", "part"]
@@ -683,18 +715,23 @@ def write_files(spark, plan, token_dir: Path, directory: Path, vocab_size: int) 
     schema = StructType([StructField("seg_rank", LongType()), StructField("part", LongType()),
                          StructField("shard", StringType())])
     out_schema = pa.schema([("seg_rank", pa.int64()), ("part", pa.int64()), ("shard", pa.string())])
+    dest = str(directory)
 
     def fn(batches):
         tokens = SpillFiles(token_dir, dtype)
+        local = storage.local_scratch(dest)
+        local.mkdir(parents=True, exist_ok=True)
 
         def docs():
             for b in batches:
                 yield from zip(*(b.column(c).to_pylist() for c in columns))
         try:
             for (segment, part, seg_rank), grp in groupby(docs(), key=lambda r: (r[0], r[1], r[2])):
-                sf = write_shard_file(directory, cm.shard_name(segment, part), segment,
+                sf = write_shard_file(local, cm.shard_name(segment, part), segment,
                                       ((tokens(r[3], r[4], r[5]), r[6], r[7], r[8], r[9], r[10]) for r in grp),
                                       vocab_size)
+                if storage.is_remote(dest):
+                    upload(local, dest, [sf.tokens_path, sf.index_path])
                 yield pa.RecordBatch.from_pydict({"seg_rank": [seg_rank], "part": [part],
                                                   "shard": [sf.model_dump_json()]}, schema=out_schema)
         finally:
@@ -703,6 +740,15 @@ def write_files(spark, plan, token_dir: Path, directory: Path, vocab_size: int) 
     got = rows.mapInArrow(profiled(fn), schema).collect()
     got.sort(key=lambda r: (r["seg_rank"], r["part"]))
     return [ShardFile.model_validate_json(r["shard"]) for r in got]
+
+
+def upload(local: Path, dest: str, names: list[str]) -> None:
+    """Move files `names` of local directory `local` to object-store prefix `dest` (one PUT each:
+    an object appears whole; a retried task puts the same bytes again)."""
+    fs, inner = storage.filesystem(dest)
+    for name in names:
+        fs.put_file(str(local / name), f"{inner}/{name}")
+        (local / name).unlink()
 
 
 # ---- the job -------------------------------------------------------------------------------------
@@ -772,23 +818,35 @@ def component_uses(spec: MixtureSpec, planned: Planned, plan, phase: str | None)
 
 def write_set(spark, spec: MixtureSpec, tokenizer: Tokenizer, planned: Planned, out: Path, token_dir: Path,
               set_name: str, phase: str | None, order: str, inputs: list) -> ShardManifest:
-    """One shard set, atomically: plan, files written by tasks, the manifest and run.json."""
+    """One shard set through the commit protocol (`common.storage`): the tasks write its files
+    into an attempt (a `.tmp-*` sibling directory, or `_attempt-<id>/` on an object store), then
+    the manifest and run.json; the commit (a rename, or the commit record written last) makes it
+    visible. A killed job leaves an attempt no reader sees; the next run removes it."""
     ts = time.perf_counter()
     plan, extra, pool = set_plan(spec, planned, phase, order)
     uses = component_uses(spec, planned, plan, phase)
-    with atomic.atomic_path(out / set_name) as tmp:
-        tmp.mkdir(parents=True)
-        shards = write_files(spark, plan, token_dir, tmp, tokenizer.vocab_size)
+    final = out / set_name
+    attempt = storage.new_attempt(final)
+    storage.makedirs(attempt)
+    try:
+        shards = write_files(spark, plan, token_dir, attempt, tokenizer.vocab_size)
         manifest = assemble_manifest(spec, tokenizer, set_name, phase, order, shards, uses, inputs, extra,
                                      bucket_count=pool.bucket_count if pool else None,
                                      buckets=bucket_stats(spec, pool) if pool else None)
-        manifest.write(tmp)
-        write_run_record(tmp, set_name, "spark", manifest, {"total": time.perf_counter() - ts})
+        manifest.write(attempt)
+        write_run_record(attempt, set_name, "spark", manifest, {"total": time.perf_counter() - ts})
+        known = {f: sha for s in shards for f, sha in ((s.tokens_path, s.sha256), (s.index_path, s.index_sha256))}
+        storage.commit(attempt, final, known)
+    except BaseException:
+        if not storage.is_remote(attempt):
+            shutil.rmtree(attempt, ignore_errors=True)
+        raise
     return manifest
 
 
-def default_work_dir(spec: MixtureSpec, out: Path) -> Path:
-    """Where the token spill (and the CLI's checkpoints) go unless told: beside the sets."""
+def default_work_dir(spec: MixtureSpec, out):
+    """Where the token spill (and, on a filesystem, the CLI's checkpoints) go unless told: beside
+    the sets (on an object store too: executors write the spill there and read it back)."""
     return out / f".work-{spec.spec_hash()[:12]}-spark"
 
 
@@ -798,13 +856,15 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
         ) -> dict[str, ShardManifest]:
     """Materialize the spec's sets (all, or the named `sets`) under `out_dir/<set name>/`; sets
     complete from an earlier run with the same spec and inputs are reused unless `force`.
-    `checkpoint_dir` makes the plan's checkpoints reliable (HDFS or a shared directory; else the
-    context's `spark.checkpoint.dir`, else local checkpoints that a lost executor invalidates)."""
+    `checkpoint_dir` makes the plan's checkpoints reliable (HDFS, a shared directory, or an object
+    store the cluster's Hadoop connector reaches; else the context's `spark.checkpoint.dir`, else
+    local checkpoints that a lost executor invalidates). `out_dir` and `work_dir` may be URLs
+    (s3://, gs://, abfs://), and so may the components."""
     progress = progress or (lambda m: log.info(m))
     if not isinstance(spec, MixtureSpec):
         spec = load_spec(spec)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_location(out_dir)
+    storage.makedirs(out)
     atomic.clean_stale_tmp(out)
     opened = check_components(spec)
     tokenizer = load_tokenizer(spec.tokenizer)
@@ -812,8 +872,8 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
     results, todo = select_sets(spec, lambda name: out / name, inputs, sets=sets, force=force, progress=progress)
     if not todo:
         return results
-    work = Path(work_dir).resolve() if work_dir else default_work_dir(spec, out)
-    work.mkdir(parents=True, exist_ok=True)
+    work = resolve_location(work_dir) if work_dir else default_work_dir(spec, out)
+    storage.makedirs(work)
     if checkpoint_dir:
         spark.sparkContext.setCheckpointDir(str(checkpoint_dir))
     t0 = time.perf_counter()
@@ -827,5 +887,10 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
         progress(f"wrote {set_name}: {len(m.shards)} shards, {m.n_tokens:,} tokens, {m.n_docs:,} docs "
                  f"in {time.perf_counter() - ts:.1f}s")
     if not keep_work:
-        shutil.rmtree(work, ignore_errors=True)
+        storage.remove_tree(work)
     return results
+
+
+def resolve_location(p):
+    """A URL as it is (`storage.path`), a local path made absolute (executors run elsewhere)."""
+    return storage.path(p) if storage.is_remote(p) else Path(p).resolve()
