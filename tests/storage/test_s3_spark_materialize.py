@@ -5,10 +5,8 @@ local copies of the components. The slow test runs the documented `spark-submit
 kaiyuan/jobs/materialize.py` on local-cluster, SIGKILLs the driver mid-write and reruns it."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from mixtures.inspect import inspect_sets
 from mixtures.materialize import materialize
 from mixtures.shards import ShardManifest
 from mixtures.spec import parse_spec
-from tests.conftest import short_spark_env
+from tests.conftest import short_spark_env, sigkill_when
 from tests.mixtures.conftest import make_component
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,19 +115,7 @@ def test_spark_submit_on_s3_killed_mid_write_then_rerun(s3_server, bucket, local
     fs, inner = storage.filesystem(f"{bucket}/shards")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, cwd=tmp_path)
-    killed = None
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline and proc.poll() is None:
-            killed = _uncommitted_attempt(fs, inner)
-            if killed:
-                os.killpg(proc.pid, signal.SIGKILL)        # the driver, its JVMs and their Python workers
-                break
-            time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    killed = sigkill_when(proc, lambda: _uncommitted_attempt(fs, inner))
     assert killed, "the job finished before a set could be caught mid-write"
     fs.invalidate_cache()
     assert storage.committed(f"{bucket}/shards/{killed}") is None, "a killed attempt must stay invisible"
