@@ -23,9 +23,14 @@ Every order-dependent number is an exact prefix sum from a range-partitioned sor
 each partition's per-group totals are aggregated (a few numbers per partition), turned into
 offsets by `mixtures.curriculum.partition_offsets` and added to the partition's local sums. No
 document row reaches the driver, and token data moves once after tokenization (spill -> shard
-file): every shuffle of the plan carries per-document metadata (~100 bytes), never tokens. The
-spill and the sets' temporary directories must be on a filesystem the driver and executors
-share (local disk in local mode, NFS/Lustre on a cluster).
+file): every shuffle of the plan carries per-document metadata (~175 bytes), never tokens. The
+plan's per-batch functions read Arrow batches as numpy columns (`ArrowColumns`, `mapInArrow`: no
+pandas round trip). The spill and the sets' attempts are on a filesystem the driver and
+executors share (local disk in local mode, NFS/Lustre on a cluster) or on an object store: tasks
+then write the spill as one object each and upload each shard file once written, the driver
+commits each set (commit record last), and a write task fetches a spill file whole into its
+machine's cache the first time it needs it (`local_spill`; docs/scaling.md says when that stops
+scaling).
 """
 
 from __future__ import annotations
