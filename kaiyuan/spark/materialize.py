@@ -52,14 +52,13 @@ import pyarrow.compute as pc
 
 from common import atomic, storage
 from common.component import Component
-from common.document import spark_col
 from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, fingerprints
 from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
-from mixtures.materialize import assemble_manifest, component_uses_from, select_sets, write_run_record, write_shard_file
+from mixtures.materialize import BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, write_run_record, write_shard_file
 from mixtures.plan import eval_components, holdout_key_ids
 from mixtures.shards import CompositionStats, ShardFile, ShardManifest, composition_from_sums, token_dtype
 from mixtures.spec import MixtureSpec, MixtureSpecError, check_components, load_spec
@@ -244,7 +243,6 @@ def _by_comp(rows, key: str, names: list[str], default=0) -> dict[str, Any]:
 def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: Tokenizer, spill: Path):
     """Metadata of every document (tokens stay in `spill/tokens/*.bin`, one file per task);
     reuses a complete spill of the same components and tokenizer."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 
     marker, meta_dir, token_dir = spill / "tokens.json", spill / "meta", spill / "tokens"
@@ -264,38 +262,54 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     arrow_schema = pa.schema([(n, a) for n, _, a in fields])
     payload = spark.sparkContext.broadcast(tokenizer.payload())
     dtype = token_dtype(tokenizer.vocab_size)
-    tokens_url = str(token_dir)
-    frames = []
-    for ci, c in enumerate(spec.components):
-        comp = opened[c.name]
-        has_dup = "dup_count" in comp.manifest.columns
-        # dotted score names ("quality.edu") are renamed: Arrow UDFs resolve columns by plain name
-        sel = [F.col("id"), F.col("text")] + ([F.col(spark_col(c.score_field)).alias("score_in")] if c.score_field else [])
-        if has_dup:
-            sel.append(F.col("dup_count"))
-        df = read_parquet(spark, comp.paths).select(*sel)
+    tokens_url, digest = str(token_dir), tokenizer.identity.digest
+    # one task per parquet file, read by pyarrow in the Python worker (as the local path reads
+    # it): the text goes from the file to the tokenizer without passing through the JVM
+    files = [(ci, str(p)) for ci, c in enumerate(spec.components) for p in opened[c.name].paths]
+    kinds = [(c.name, c.score_field, "dup_count" in opened[c.name].manifest.columns) for c in spec.components]
 
-        def fn(batches, ci=ci, name=c.name, scored=c.score_field is not None, has_dup=has_dup):
-            from pyspark import TaskContext
+    def fn(batches):
+        from pyspark import TaskContext
 
-            tok = Tokenizer.from_payload(payload.value)
-            ctx = TaskContext.get()
-            tfile = f"{ci:03d}-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.bin"
-            offset = 0
-            # one object per task on a store (streamed up in parts); a local file otherwise
-            with storage.open(storage.join(tokens_url, tfile), "wb") as fh:
-                for b in batches:
-                    meta = _tokenize_batch(b, tok, dtype, fh, tfile, offset, ci, name, scored, has_dup, arrow_schema)
-                    offset += int(pc.sum(meta.column("n")).as_py() or 0)
-                    yield meta
+        tok = worker_tokenizer(payload, digest)
+        ctx = TaskContext.get()
+        tfile = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.bin"
+        offset = 0
+        # one object per task on a store (streamed up in parts); a local file otherwise
+        with storage.open(storage.join(tokens_url, tfile), "wb") as fh:
+            for b in batches:
+                for idx in b.column("id").to_pylist():
+                    ci, path = files[idx]
+                    for doc in _component_batches(path, *kinds[ci][1:]):
+                        meta = _tokenize_batch(doc, tok, dtype, fh, tfile, offset, ci, kinds[ci][0],
+                                               kinds[ci][1] is not None, kinds[ci][2], arrow_schema)
+                        offset += int(pc.sum(meta.column("n")).as_py() or 0)
+                        yield meta
 
-        frames.append(df.mapInArrow(profiled(fn), schema))
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
+    out = spark.range(0, len(files), 1, numPartitions=max(1, len(files))).mapInArrow(profiled(fn), schema)
     write_sorted_parquet(out, meta_dir, 0, sort_cols=("comp", "id"), already_partitioned=True)
     atomic.write_json(marker, want)
     return _read_meta(spark, meta_dir)
+
+
+def _component_batches(path: str, score_field: str | None, has_dup: bool):
+    """A component file's documents in batches of the local path's size, with the columns
+    tokenization needs (the score renamed `score_in`)."""
+    cols = ["id", "text"] + ([score_field] if score_field else []) + (["dup_count"] if has_dup else [])
+    names = ["id", "text"] + (["score_in"] if score_field else []) + (["dup_count"] if has_dup else [])
+    for b in storage.parquet_file(path).iter_batches(batch_size=BATCH_DOCS, columns=cols):
+        yield pa.RecordBatch.from_arrays(b.columns, names=names)
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def worker_tokenizer(payload, digest: str) -> Tokenizer:
+    """The broadcast tokenizer of identity `digest`, built once per Python worker process
+    (workers are reused across tasks) rather than once per task."""
+    if digest not in _TOKENIZERS:
+        _TOKENIZERS[digest] = Tokenizer.from_payload(payload.value)
+    return _TOKENIZERS[digest]
 
 
 def _read_meta(spark, meta_dir):
