@@ -39,12 +39,7 @@ def stage_table(event_dir: Path) -> list[dict]:
     """Per stage: name, tasks, executor run s, JVM CPU s, shuffle MB read/written (event log)."""
     names, stats = {}, defaultdict(lambda: defaultdict(float))
     for log in event_dir.rglob("events_*"):
-        raw = log.read_bytes()
-        if log.suffix == ".zstd":
-            import zstandard
-
-            raw = zstandard.ZstdDecompressor().stream_reader(raw).read()
-        for line in raw.decode().splitlines():
+        for line in log.read_text().splitlines():
             e = json.loads(line)
             if e["Event"] == "SparkListenerStageCompleted":
                 names[e["Stage Info"]["Stage ID"]] = e["Stage Info"]["Stage Name"]
@@ -86,7 +81,8 @@ def main() -> None:
     dt_local, f_local = timed([sys.executable, "-m", "cProfile", "-o", str(work / "local.prof"), "-m", "mixtures",
                                "materialize", "--spec", str(spec), "--out", str(work / "local"), "--force"], env)
     spark_env = dict(env, PUROKIT_UDF_PROFILE_DIR=str(udf_dir), PYSPARK_SUBMIT_ARGS=(
-        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{event_dir} pyspark-shell"))
+        f"--conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false "
+        f"--conf spark.eventLog.dir=file://{event_dir} pyspark-shell"))
     dt_spark, f_spark = timed([sys.executable, "-m", "cProfile", "-o", str(work / "driver.prof"), "-m", "kaiyuan",
                                "materialize", "--spec", str(spec), "--out", str(work / "spark"), "--force",
                                "--master", args.master, "--driver-memory", "1g"], env=spark_env)

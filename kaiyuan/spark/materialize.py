@@ -29,7 +29,7 @@ pandas round trip). The spill and the sets' attempts are on a filesystem the dri
 executors share (local disk in local mode, NFS/Lustre on a cluster) or on an object store: tasks
 then write the spill as one object each and upload each shard file once written, the driver
 commits each set (commit record last), and a write task fetches a spill file whole into its
-machine's cache the first time it needs it (`local_spill`; docs/scaling.md says when that stops
+executor's scratch directory the first time it needs it (`local_spill`; docs/scaling.md says when that stops
 scaling).
 """
 
@@ -674,7 +674,7 @@ def assign_parts(plan, shard_tokens: int):
 class SpillFiles:
     """tokens(file, offset, n) from the task spill files, by positioned reads (at most
     MAX_OPEN_SPILL_FILES descriptors open, least recently used closed first). Spill files on an
-    object store are fetched whole, once per executor, into its local cache (`local_spill`)."""
+    object store are fetched whole, once per executor, into its scratch directory (`local_spill`)."""
 
     def __init__(self, directory: str, dtype: np.dtype):
         self.directory, self.dtype = str(directory), dtype
@@ -702,11 +702,14 @@ class SpillFiles:
 
 def local_spill(directory: str, tfile: str) -> Path:
     """A local path holding spill file `tfile` of `directory`: itself on a filesystem, else a copy
-    in this machine's cache (downloaded whole under a temporary name, then renamed: tasks of one
-    executor share it)."""
+    in the executor's own scratch directory (Spark's per-application directory, removed when the
+    executor exits), downloaded whole under a temporary name, then renamed: tasks of one executor
+    share it."""
     if not storage.is_remote(directory):
         return Path(directory) / tfile
-    local = storage.local_scratch(directory) / tfile
+    from pyspark import SparkFiles
+
+    local = Path(SparkFiles.getRootDirectory()) / "spill" / tfile
     if not local.is_file():
         local.parent.mkdir(parents=True, exist_ok=True)
         fs, inner = storage.filesystem(storage.join(directory, tfile))
