@@ -263,8 +263,8 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     payload = spark.sparkContext.broadcast(tokenizer.payload())
     dtype = token_dtype(tokenizer.vocab_size)
     tokens_url, digest = str(token_dir), tokenizer.identity.digest
-    # one task per parquet file, read by pyarrow in the Python worker (as the local path reads
-    # it): the text goes from the file to the tokenizer without passing through the JVM
+    # runs of whole parquet files per task, read by pyarrow in the Python worker (as the local
+    # path reads them): the text goes from the file to the tokenizer without passing through the JVM
     files = [(ci, str(p)) for ci, c in enumerate(spec.components) for p in opened[c.name].paths]
     kinds = [(c.name, c.score_field, "dup_count" in opened[c.name].manifest.columns) for c in spec.components]
 
@@ -286,10 +286,19 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
                         offset += int(pc.sum(meta.column("n")).as_py() or 0)
                         yield meta
 
-    out = spark.range(0, len(files), 1, numPartitions=max(1, len(files))).mapInArrow(profiled(fn), schema)
+    tasks = tokenize_tasks(spark, spec, opened)
+    out = spark.range(0, len(files), 1, numPartitions=tasks).mapInArrow(profiled(fn), schema)
     write_sorted_parquet(out, meta_dir, 0, sort_cols=("comp", "id"), already_partitioned=True)
     atomic.write_json(marker, want)
     return _read_meta(spark, meta_dir)
+
+
+def tokenize_tasks(spark, spec: MixtureSpec, opened: dict[str, Component], task_bytes: int = 128 << 20) -> int:
+    """How many tokenize tasks: about `task_bytes` of parquet each (Spark's own split size), at
+    least two per executor core, at most one per file; each task reads a run of whole files."""
+    sizes = [f.n_bytes for c in spec.components for f in opened[c.name].manifest.files]
+    want = max(2 * spark.sparkContext.defaultParallelism, -(-sum(sizes) // task_bytes))
+    return max(1, min(len(sizes), want))
 
 
 def _component_batches(path: str, score_field: str | None, has_dup: bool):
