@@ -29,8 +29,8 @@ pandas round trip). The spill and the sets' attempts are on a filesystem the dri
 executors share (local disk in local mode, NFS/Lustre on a cluster) or on an object store: tasks
 then write the spill as one object each and upload each shard file once written, the driver
 commits each set (commit record last), and a write task fetches a spill file whole into its
-executor's scratch directory the first time it needs it (`local_spill`; docs/scaling.md says when that stops
-scaling).
+executor's scratch directory the first time it needs it (`local_spill`; docs/scaling.md says
+when that stops scaling).
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ from common.log import get_logger
 from common.manifest import MANIFEST_NAME, fingerprints
 from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
-from mixtures.materialize import BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, write_run_record, write_shard_file
+from mixtures.materialize import (BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, write_run_record,
+                                  write_shard_file)
 from mixtures.plan import eval_components, holdout_key_ids
 from mixtures.shards import CompositionStats, ShardFile, ShardManifest, composition_from_sums, token_dtype
 from mixtures.spec import MixtureSpec, MixtureSpecError, check_components, load_spec
@@ -75,9 +76,9 @@ MAX_OPEN_SPILL_FILES = 256
 # ---- the one distributed mechanism: exact prefix sums ---------------------------------------------
 
 def profiled(fn: Callable) -> Callable:
-    """fn itself, or (when the driver's environment names PUROKIT_UDF_PROFILE_DIR) fn under cProfile
-    (CPU time) in the executors' Python workers, one stats file per task (benchmarks/profile_materialize_spark.py
-    reads them)."""
+    """fn itself, or (when the driver's environment names PUROKIT_UDF_PROFILE_DIR) fn under
+    cProfile (CPU time) in the executors' Python workers, one stats file per task
+    (benchmarks/profile_materialize_spark.py reads them)."""
     directory = os.environ.get("PUROKIT_UDF_PROFILE_DIR")
     if not directory:
         return fn
@@ -217,20 +218,20 @@ def _nullable(schema, extra):
     return StructType([StructField(f.name, f.dataType, True) for f in list(schema.fields) + list(extra)])
 
 
-def _per_component(pdf, spec: MixtureSpec, fn: Callable, dtype) -> np.ndarray:
+def _per_component(cols, spec: MixtureSpec, fn: Callable, dtype) -> np.ndarray:
     """Apply fn(component spec, rows mask) batch-wise per component; fn returns the rows' values."""
-    out = np.zeros(len(pdf), dtype=dtype)
-    comp = pdf["comp"].to_numpy()
+    out = np.zeros(len(cols), dtype=dtype)
+    comp = cols["comp"].to_numpy()
     for ci in np.unique(comp):
         m = comp == ci
         out[m] = fn(spec.components[int(ci)], m)
     return out
 
 
-def _keys(pdf, seed: int, salt: str, copies: bool = True) -> np.ndarray:
+def _keys(cols, seed: int, salt: str, copies: bool = True) -> np.ndarray:
     """Signed seeded keys of a batch's documents (Spark has no unsigned longs)."""
-    copy = pdf["copy"].to_numpy(np.int64) if copies else None
-    return cm.signed_order_key(cm.doc_keys(pdf["uid"].to_numpy(object), seed, salt=salt, copies=copy))
+    copy = cols["copy"].to_numpy(np.int64) if copies else None
+    return cm.signed_order_key(cm.doc_keys(cols["uid"].to_numpy(object), seed, salt=salt, copies=copy))
 
 
 def _by_comp(rows, key: str, names: list[str], default=0) -> dict[str, Any]:
@@ -383,10 +384,10 @@ def annotate(spark, spec: MixtureSpec, docs, sources: dict[str, str]):
     id_sets = spark.sparkContext.broadcast({c.name: c.retention.id_set() for c in spec.components
                                             if c.retention.rule == "ids"})
 
-    def columns(pdf):
-        uids = pdf["uid"].to_numpy(dtype=object)
-        ids = pdf["id"].to_numpy(dtype=object)
-        score = pdf["score"].to_numpy(dtype=np.float64)
+    def columns(cols):
+        uids = cols["uid"].to_numpy(dtype=object)
+        ids = cols["id"].to_numpy(dtype=object)
+        score = cols["score"].to_numpy(dtype=np.float64)
 
         def held(c, m):
             keys = cm.doc_keys(holdout_key_ids(sources[c.name], ids[m]), spec.seeds.holdout, salt="holdout")
@@ -410,11 +411,11 @@ def annotate(spark, spec: MixtureSpec, docs, sources: dict[str, str]):
                 return np.fromiter((i in wanted for i in ids[m]), dtype=bool, count=int(m.sum()))
             return cm.threshold_mask(score[m], r.threshold, c.higher_is_better) if r.rule == "threshold" else True
 
-        return {"held": (_per_component(pdf, spec, held, bool) if spec.holdout else np.zeros(len(pdf), dtype=bool)),
-                "key": _per_component(pdf, spec, key, np.float64),
-                "order_tie": _per_component(pdf, spec, order_tie, np.int64),
-                "retain_key": _per_component(pdf, spec, retain_key, np.int64),
-                "rule_keep": _per_component(pdf, spec, rule_keep, bool)}
+        return {"held": (_per_component(cols, spec, held, bool) if spec.holdout else np.zeros(len(cols), dtype=bool)),
+                "key": _per_component(cols, spec, key, np.float64),
+                "order_tie": _per_component(cols, spec, order_tie, np.int64),
+                "retain_key": _per_component(cols, spec, retain_key, np.int64),
+                "rule_keep": _per_component(cols, spec, rule_keep, bool)}
 
     return freeze(_map_columns(docs, [("held", BooleanType()), ("key", DoubleType()), ("order_tie", LongType()),
                                       ("retain_key", LongType()), ("rule_keep", BooleanType())], columns))
@@ -441,15 +442,15 @@ def retain(spark, spec: MixtureSpec, annotated):
         comp_tokens = {r["comp"]: int(r["t"]) for r in sub.groupBy("comp").agg(F.sum("n").alias("t")).collect()}
         bc_tot = spark.sparkContext.broadcast(comp_tokens)
 
-        def band(pdf):
+        def band(cols):
             def f(c, m):
                 r = c.retention
-                prefix = pdf["rprefix"].to_numpy(np.int64)[m]
+                prefix = cols["rprefix"].to_numpy(np.int64)[m]
                 if r.rule == "random_tokens":
                     return cm.take_budget(prefix, r.n_tokens)
                 low, high = (1.0 - r.fraction, 1.0) if r.rule == "top_fraction" else (r.low, r.high)
-                return cm.in_rank_band(prefix, bc_tot.value[int(pdf["comp"].to_numpy()[m][0])], low, high)
-            return {"retained": _per_component(pdf, spec, f, bool)}
+                return cm.in_rank_band(prefix, bc_tot.value[int(cols["comp"].to_numpy()[m][0])], low, high)
+            return {"retained": _per_component(cols, spec, f, bool)}
 
         sub = _map_columns(sub, [("retained", BooleanType())], band).drop("rorder_key", "rorder_tie", "rprefix")
         kept = kept.unionByName(sub)
@@ -479,9 +480,9 @@ def _capped_masses(spec: MixtureSpec, rows, n_pass: int):
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
-    def caps(pdf):
-        dup = pdf["dup"].fillna(1).to_numpy(np.int64)
-        return {"cap": _per_component(pdf, spec, lambda c, m: cm.copy_caps(dup[m], c.repeat, c.max_copies)
+    def caps(cols):
+        dup = cols["dup"].fillna(1).to_numpy(np.int64)
+        return {"cap": _per_component(cols, spec, lambda c, m: cm.copy_caps(dup[m], c.repeat, c.max_copies)
                                       if c.dup_weighted else 1, np.int64)}
 
     rows = _map_columns(rows, [("cap", LongType())], caps)
@@ -524,15 +525,15 @@ def phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: dic
     pass_cols = [f"p{j}" for j in range(1, n_pass + 1)] if any(extra[ci] > 0 for ci in capped) else []
     if any(e != 0 for e in extra.values()):     # the budget order matters only when something is cut or repeated
         salt = f"budget:{p.name}"
-        rows = _map_columns(rows, [("bkey", LongType())], lambda pdf: {"bkey": _keys(pdf, spec.seeds.budget, salt, False)})
+        rows = _map_columns(rows, [("bkey", LongType())], lambda cols: {"bkey": _keys(cols, spec.seeds.budget, salt, False)})
         rows = with_prefix(rows, ["bkey", "uid"], group_col="comp",
                            sums={"bprefix": "n", **{c: f"m{j + 1}" for j, c in enumerate(pass_cols)}})
     else:
         rows = rows.withColumn("bprefix", F.lit(0).cast("long"))
     budget_tokens = {ci: b[names[ci]] for ci in members}
 
-    def copies(pdf):
-        prefix = pdf["bprefix"].to_numpy(np.int64)
+    def copies(cols):
+        prefix = cols["bprefix"].to_numpy(np.int64)
 
         def f(c, m):
             ci = names.index(c.name)
@@ -542,16 +543,16 @@ def phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: dic
             if e == 0:
                 return 1
             if c.dup_weighted:
-                pp = np.stack([pdf[col].to_numpy(np.int64)[m] for col in pass_cols], axis=1)
-                return 1 + cm.capped_extra_copies(pdf["cap"].to_numpy(np.int64)[m], pp, masses[ci], e)
+                pp = np.stack([cols[col].to_numpy(np.int64)[m] for col in pass_cols], axis=1)
+                return 1 + cm.capped_extra_copies(cols["cap"].to_numpy(np.int64)[m], pp, masses[ci], e)
             return 1 + cm.pass_copies(prefix[m], retained_tokens[c.name], e)
-        return {"copies": _per_component(pdf, spec, f, np.int64)}
+        return {"copies": _per_component(cols, spec, f, np.int64)}
 
     rows = _map_columns(rows, [("copies", LongType())], copies).filter(F.col("copies") > 0)
     rows = rows.withColumn("copy", F.explode(F.sequence(F.lit(0).cast("long"), F.col("copies") - 1)))
     rows = rows.drop("copies", "bkey", "bprefix", "cap", *[f"m{j}" for j in range(1, n_pass + 1)], *pass_cols)
-    rows = _map_columns(rows, [("tie", LongType())], lambda pdf: {"tie": _per_component(
-        pdf, spec, lambda c, m: _keys(pdf[m], c.order_seed, "order"), np.int64)})
+    rows = _map_columns(rows, [("tie", LongType())], lambda cols: {"tie": _per_component(
+        cols, spec, lambda c, m: _keys(cols[m], c.order_seed, "order"), np.int64)})
     # copy c is ranked within pass c (curriculum.preference_order)
     rows = with_prefix(rows, ["copy", "key", "tie", "uid"], group_col="comp")
     agg = rows.groupBy("comp").agg(F.sum("n").alias("t"), F.count("*").alias("d"),
@@ -559,9 +560,9 @@ def phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: dic
     totals = {r["comp"]: int(r["t"]) for r in agg}
     bc_tot = spark.sparkContext.broadcast(totals)
 
-    def rank_bucket(pdf):
-        tot = np.array([bc_tot.value[int(c)] for c in pdf["comp"].to_numpy()], dtype=np.int64)
-        prefix = pdf["prefix"].to_numpy(np.int64)
+    def rank_bucket(cols):
+        tot = np.array([bc_tot.value[int(c)] for c in cols["comp"].to_numpy()], dtype=np.int64)
+        prefix = cols["prefix"].to_numpy(np.int64)
         return {"rank": cm.rank_of(prefix, tot), "bucket": cm.bucket_of(prefix, tot, K)}
 
     df = freeze(_map_columns(rows, [("rank", DoubleType()), ("bucket", LongType())], rank_bucket).drop("tie"))
@@ -617,9 +618,9 @@ def stream_plan(spec: MixtureSpec, phase: str, pool: PhasePool, order: str, prev
     seed, salt = ((spec.seeds.bucket_shuffle, f"bucket:{p.name}") if order == "curriculum"
                   else (spec.seeds.uniform, f"uniform:{p.name}"))
 
-    def keys(pdf):
-        h = cm.doc_keys(pdf["uid"].to_numpy(object), seed, salt=salt, copies=pdf["copy"].to_numpy(np.int64))
-        seg = pdf["bucket"].to_numpy(np.int64) if order == "curriculum" else cm.uniform_slot(h, K)
+    def keys(cols):
+        h = cm.doc_keys(cols["uid"].to_numpy(object), seed, salt=salt, copies=cols["copy"].to_numpy(np.int64))
+        seg = cols["bucket"].to_numpy(np.int64) if order == "curriculum" else cm.uniform_slot(h, K)
         return {"skey": cm.signed_order_key(h), "seg": seg}
 
     s = _map_columns(pool.df, [("skey", LongType()), ("seg", LongType())], keys).withColumn("label", _label_col(spec, False))
@@ -632,16 +633,16 @@ def stream_plan(spec: MixtureSpec, phase: str, pool: PhasePool, order: str, prev
     body = with_prefix(body, ["seg_rank", *ORDER], sums={"sprefix": "n"})
     rsalt = f"replay:{p.name}"
     rep = _map_columns(prev_pool.df, [("replay_key", LongType())],
-                       lambda pdf: {"replay_key": _keys(pdf, spec.seeds.replay, rsalt)})
+                       lambda cols: {"replay_key": _keys(cols, spec.seeds.replay, rsalt)})
     rep = with_prefix(rep, ["replay_key", "uid", "copy"], sums={"sprefix": "n"}).filter(F.col("sprefix") * 2 < F.lit(L))
     head = body.filter(F.col("sprefix") * 2 < F.lit(L))
     rest = body.filter(F.col("sprefix") * 2 >= F.lit(L)).select(*PLAN_COLUMNS)
     rep = (_map_columns(rep, [("ord_a", DoubleType())],
-                        lambda pdf: {"ord_a": cm.transition_p1_position(pdf["sprefix"].to_numpy(np.int64), L)})
+                        lambda cols: {"ord_a": cm.transition_p1_position(cols["sprefix"].to_numpy(np.int64), L)})
            .withColumn("label", _label_col(spec, True)).withColumn("bucket", F.lit(-1).cast("long"))
            .withColumn("ord_b", F.lit(0).cast("long")))
     head = (_map_columns(head.drop("ord_a"), [("ord_a", DoubleType())],
-                         lambda pdf: {"ord_a": cm.transition_p2_position(pdf["sprefix"].to_numpy(np.int64), L)})
+                         lambda cols: {"ord_a": cm.transition_p2_position(cols["sprefix"].to_numpy(np.int64), L)})
             .withColumn("ord_b", F.lit(1).cast("long")))
     side_cols = [c for c in PLAN_COLUMNS if c not in ("seg_rank", "segment", "ord_c", "ord_d")] + ["sprefix"]
     window = (rep.select(*side_cols).unionByName(head.select(*side_cols))
@@ -660,7 +661,7 @@ def eval_plan(spec: MixtureSpec, docs):
     from pyspark.sql.types import LongType
 
     held = docs.filter(F.col("held")).withColumn("copy", F.lit(0).cast("long"))
-    held = _map_columns(held, [("ekey", LongType())], lambda pdf: {"ekey": _keys(pdf, spec.seeds.holdout, "eval")})
+    held = _map_columns(held, [("ekey", LongType())], lambda cols: {"ekey": _keys(cols, spec.seeds.holdout, "eval")})
     if spec.holdout is not None and spec.holdout.max_tokens:
         held = with_prefix(held, ["ekey", "uid"], sums={"eprefix": "n"}).filter(F.col("eprefix") < F.lit(spec.holdout.max_tokens))
     return (held.withColumn("label", _label_col(spec, False)).withColumn("bucket", F.lit(-1).cast("long"))
