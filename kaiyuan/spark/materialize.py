@@ -56,7 +56,7 @@ from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, fingerprints
-from kaiyuan.spark.components_io import read_parquet
+from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
 from mixtures.materialize import (BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, write_run_record,
                                   write_shard_file)
@@ -244,6 +244,8 @@ def _by_comp(rows, key: str, names: list[str], default=0) -> dict[str, Any]:
 def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: Tokenizer, spill: Path):
     """Metadata of every document (tokens stay in `spill/tokens/*.bin`, one file per task);
     reuses a complete spill of the same components and tokenizer."""
+    from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
+
     marker, meta_dir, token_dir = spill / "tokens.json", spill / "meta", spill / "tokens"
     want = {"tokenizer": tokenizer.identity.digest,
             "components": {c.name: [sha256_file(opened[c.name].directory / MANIFEST_NAME), c.score_field]
@@ -254,9 +256,11 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     if spill.exists():
         storage.remove_tree(spill)
     storage.makedirs(token_dir)
-    arrow_schema = pa.schema([("comp", pa.int32()), ("id", pa.string()), ("uid", pa.string()), ("n", pa.int64()),
-                              ("score", pa.float64()), ("dup", pa.int64()), ("reason", pa.string()),
-                              ("tfile", pa.string()), ("toff", pa.int64())])
+    fields = [("comp", IntegerType(), pa.int32()), ("id", StringType(), pa.string()), ("uid", StringType(), pa.string()),
+              ("n", LongType(), pa.int64()), ("score", DoubleType(), pa.float64()), ("dup", LongType(), pa.int64()),
+              ("reason", StringType(), pa.string()), ("tfile", StringType(), pa.string()), ("toff", LongType(), pa.int64())]
+    schema = StructType([StructField(n, t, True) for n, t, _ in fields])
+    arrow_schema = pa.schema([(n, a) for n, _, a in fields])
     payload = spark.sparkContext.broadcast(tokenizer.payload())
     dtype = token_dtype(tokenizer.vocab_size)
     tokens_url, digest = str(token_dir), tokenizer.identity.digest
@@ -265,22 +269,15 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     files = [(ci, str(p)) for ci, c in enumerate(spec.components) for p in opened[c.name].paths]
     kinds = [(c.name, c.score_field, "dup_count" in opened[c.name].manifest.columns) for c in spec.components]
 
-    meta_url = str(meta_dir)
-
     def fn(batches):
-        import pyarrow.parquet as pq
         from pyspark import TaskContext
 
         tok = worker_tokenizer(payload, digest)
         ctx = TaskContext.get()
         tfile = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.bin"
-        offset = n_rows = 0
-        # the spill: one object per task on a store (streamed up in parts), a local file otherwise;
-        # the metadata: one parquet part per partition, appearing whole (a retry replaces it), so
-        # the text and the metadata never pass through the JVM
-        with storage.open(storage.join(tokens_url, tfile), "wb") as fh, \
-                storage.atomic_path(storage.join(meta_url, f"part-{ctx.partitionId():05d}.parquet")) as part, \
-                pq.ParquetWriter(str(part), arrow_schema, compression="zstd") as writer:
+        offset = 0
+        # one object per task on a store (streamed up in parts); a local file otherwise
+        with storage.open(storage.join(tokens_url, tfile), "wb") as fh:
             for b in batches:
                 for idx in b.column("id").to_pylist():
                     ci, path = files[idx]
@@ -288,13 +285,11 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
                         meta = _tokenize_batch(doc, tok, dtype, fh, tfile, offset, ci, kinds[ci][0],
                                                kinds[ci][1] is not None, kinds[ci][2], arrow_schema)
                         offset += int(pc.sum(meta.column("n")).as_py() or 0)
-                        writer.write_batch(meta)
-                        n_rows += meta.num_rows
-        yield pa.RecordBatch.from_pydict({"n_rows": [n_rows]}, schema=pa.schema([("n_rows", pa.int64())]))
+                        yield meta
 
-    storage.makedirs(meta_dir)
     tasks = tokenize_tasks(spark, spec, opened)
-    spark.range(0, len(files), 1, numPartitions=tasks).mapInArrow(profiled(fn), "n_rows long").collect()
+    out = spark.range(0, len(files), 1, numPartitions=tasks).mapInArrow(profiled(fn), schema)
+    write_sorted_parquet(out, meta_dir, 0, sort_cols=("comp", "id"), already_partitioned=True)
     atomic.write_json(marker, want)
     return _read_meta(spark, meta_dir)
 
