@@ -49,22 +49,22 @@ def make_pool(root: Path, n_docs: int, seed: int = 0) -> dict[str, Path]:
     p = 1.0 / ranks
     p /= p.sum()
     out = {}
+    per = 1000                                   # bounded files, as kaiyuan writes them; generated file by file
     for ci, (name, scored) in enumerate((("web", True), ("math", True), ("code", False))):
         n = n_docs if name == "web" else n_docs // 2
-        lengths = rng.integers(50, 600, size=n)
-        words = rng.choice(vocab, size=int(lengths.sum()), p=p)
-        cuts = np.concatenate([[0], np.cumsum(lengths)])
-        texts = [" ".join(words[cuts[i]:cuts[i + 1]]) + "." for i in range(n)]
-        cols = {"id": [f"{name}-{i:08d}" for i in range(n)], "text": texts, "source": [name] * n,
-                "meta": pa.array([[] for _ in range(n)], type=pa.map_(pa.string(), pa.string()))}
-        if scored:
-            cols["quality.score"] = pa.array(rng.random(n), type=pa.float64())
         tmp = root / f".tmp-{name}"
         tmp.mkdir(parents=True)
-        table = pa.table(cols)
-        per = 1000                               # bounded files, as kaiyuan writes them
         for f, lo in enumerate(range(0, n, per)):
-            pq.write_table(table.slice(lo, per), tmp / f"part-{f:05d}.parquet")
+            k = min(per, n - lo)
+            lengths = rng.integers(50, 600, size=k)
+            words = rng.choice(vocab, size=int(lengths.sum()), p=p)
+            cuts = np.concatenate([[0], np.cumsum(lengths)])
+            cols = {"id": [f"{name}-{i:08d}" for i in range(lo, lo + k)],
+                    "text": [" ".join(words[cuts[i]:cuts[i + 1]]) + "." for i in range(k)], "source": [name] * k,
+                    "meta": pa.array([[] for _ in range(k)], type=pa.map_(pa.string(), pa.string()))}
+            if scored:
+                cols["quality.score"] = pa.array(rng.random(k), type=pa.float64())
+            pq.write_table(pa.table(cols), tmp / f"part-{f:05d}.parquet")
         finalize_component(tmp, root / name, {"job": "benchmark", "name": name})
         out[name] = root / name
     return out

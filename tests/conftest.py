@@ -37,6 +37,30 @@ def short_spark_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
+def sigkill_when(proc, ready, timeout_s: float = 600, poll_s: float = 0.05):
+    """Poll `ready()` while `proc` (started with start_new_session=True) runs; when it returns
+    something true, SIGKILL the process group (the driver, its JVMs and Python workers) and
+    return that value. None if `proc` ended or `timeout_s` passed first; the group is killed and
+    reaped either way."""
+    import signal
+    import time
+
+    got = None
+    try:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and proc.poll() is None:
+            got = ready()
+            if got:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(poll_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    return got
+
+
 # `make test` runs the suite on 2 pytest-xdist workers with `--dist loadscope`, whose scopes are these
 # groups: a module's tests stay on one worker (its module fixtures, a Spark session or a server, start
 # once), and whole packages whose session fixtures are costly form one group: the demo tests (the

@@ -4,9 +4,15 @@ shard sets `python -m mixtures materialize` writes, byte for byte (the engine: k
     spark-submit kaiyuan/jobs/materialize.py --spec mixture.yaml --out shards/ [--sets p2-curriculum,...]
     python -m kaiyuan materialize --spec mixture.yaml --out shards/          (a local session)
 
-`--checkpoint-dir` (default `<work-dir>/checkpoints`) holds the plan's reliable checkpoints: on a
-cluster a directory every node reaches (HDFS or the shared filesystem), so a lost executor costs
-a recomputation, not the job.
+`--checkpoint-dir` (default `<work-dir>/checkpoints` when the work directory is on a filesystem)
+holds the plan's reliable checkpoints: on a cluster a directory every node reaches (HDFS, the
+shared filesystem, or an object store the cluster's Hadoop connector serves: EMRFS s3://, the GCS
+connector's gs://), so a lost executor costs a recomputation, not the job.
+
+`--spec` components, `--out` and `--work-dir` may be object-store URLs (s3://, gs://, abfs://):
+executors read the components and write the token spill and the shard files there, each set
+through the commit protocol (`_attempt-<id>/`, commit record last), so a killed job leaves
+nothing a reader sees and its rerun completes it.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ if __name__ == "__main__":  # spark-submit runs this file directly: find the pac
     if importlib.util.find_spec("kaiyuan") is None:
         sys.path.insert(0, str(_here.parents[1]))
 
+from common import storage  # noqa: E402
 from common.errors import ContractError  # noqa: E402
 from kaiyuan.config import SparkConfig  # noqa: E402
-from kaiyuan.spark.materialize import default_work_dir, run  # noqa: E402
+from kaiyuan.spark.materialize import default_work_dir, resolve_location, run  # noqa: E402
 from kaiyuan.spark.session import get_session  # noqa: E402
 from mixtures.spec import load_spec  # noqa: E402
 
@@ -53,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except ContractError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out).resolve()
-    work = Path(args.work_dir).resolve() if args.work_dir else default_work_dir(spec, out)
-    checkpoints = args.checkpoint_dir or str(work / "checkpoints")
+    out = resolve_location(args.out)
+    work = resolve_location(args.work_dir) if args.work_dir else default_work_dir(spec, out)
+    # a store's URL is a checkpoint directory only through a Hadoop connector: asked for, not assumed
+    checkpoints = args.checkpoint_dir or (None if storage.is_remote(work) else str(work / "checkpoints"))
     spark = get_session(SparkConfig(master=args.master, driver_memory=args.driver_memory,
                                     shuffle_partitions=args.shuffle_partitions, checkpoint_dir=checkpoints),
                         "kaiyuan-materialize")

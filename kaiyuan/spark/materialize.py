@@ -23,9 +23,14 @@ Every order-dependent number is an exact prefix sum from a range-partitioned sor
 each partition's per-group totals are aggregated (a few numbers per partition), turned into
 offsets by `mixtures.curriculum.partition_offsets` and added to the partition's local sums. No
 document row reaches the driver, and token data moves once after tokenization (spill -> shard
-file): every shuffle of the plan carries per-document metadata (~100 bytes), never tokens. The
-spill and the sets' temporary directories must be on a filesystem the driver and executors
-share (local disk in local mode, NFS/Lustre on a cluster).
+file): every shuffle of the plan carries per-document metadata (~175 bytes), never tokens. The
+plan's per-batch functions read Arrow batches as numpy columns (`ArrowColumns`, `mapInArrow`: no
+pandas round trip). The spill and the sets' attempts are on a filesystem the driver and
+executors share (local disk in local mode, NFS/Lustre on a cluster) or on an object store: tasks
+then write the spill as one object each and upload each shard file once written, the driver
+commits each set (commit record last), and a write task fetches a spill file whole into its
+executor's scratch directory the first time it needs it (`local_spill`; docs/scaling.md says
+when that stops scaling).
 """
 
 from __future__ import annotations
@@ -43,16 +48,18 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from common import atomic
+from common import atomic, storage
 from common.component import Component
-from common.document import spark_col
 from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
 from common.manifest import MANIFEST_NAME, fingerprints
+from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
-from mixtures.materialize import assemble_manifest, component_uses_from, select_sets, write_run_record, write_shard_file
+from mixtures.materialize import (BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, write_run_record,
+                                  write_shard_file)
 from mixtures.plan import eval_components, holdout_key_ids
 from mixtures.shards import CompositionStats, ShardFile, ShardManifest, composition_from_sums, token_dtype
 from mixtures.spec import MixtureSpec, MixtureSpecError, check_components, load_spec
@@ -67,6 +74,32 @@ MAX_OPEN_SPILL_FILES = 256
 
 
 # ---- the one distributed mechanism: exact prefix sums ---------------------------------------------
+
+def profiled(fn: Callable) -> Callable:
+    """fn itself, or (when the driver's environment names PUROKIT_UDF_PROFILE_DIR) fn under
+    cProfile (CPU time) in the executors' Python workers, one stats file per task
+    (benchmarks/profile_materialize_spark.py reads them)."""
+    directory = os.environ.get("PUROKIT_UDF_PROFILE_DIR")
+    if not directory:
+        return fn
+
+    def run(batches):
+        import cProfile
+
+        prof, it = cProfile.Profile(time.process_time), fn(batches)
+        while True:
+            prof.enable()
+            try:
+                out = next(it)
+            except StopIteration:
+                break
+            finally:
+                prof.disable()
+            yield out
+        prof.dump_stats(os.path.join(directory, f"{fn.__qualname__}-{uuid.uuid4().hex[:12]}.prof"))
+
+    return run
+
 
 def freeze(df):
     """Pin partitions and their order (a re-run of a range partitioning could sample other
@@ -86,7 +119,7 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, sums
     plus offsets.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StructField
+    from pyspark.sql.types import LongType
 
     sums = sums or {"prefix": "n"}
     spark = df.sparkSession
@@ -104,63 +137,101 @@ def with_prefix(df, order_cols: list[str], *, group_col: str | None = None, sums
             totals[r["_pid"], gi[r[group_col] if group_col else 0], i] = int(r[f"_t{i}"] or 0)
     offsets = cm.partition_offsets(totals.reshape(n, -1)).reshape(totals.shape)
     bc = spark.sparkContext.broadcast((offsets, gi))
-    schema = _nullable(s.schema, [StructField(o, LongType(), True) for o in sums])
+    carry: dict[Any, np.ndarray] = {}            # running sums of this task's partition, per group
 
-    def fn(batches):
+    def prefix(cols: "ArrowColumns") -> dict[str, np.ndarray]:
+        from pyspark import TaskContext
+
         offs, index = bc.value
-        carry: dict[Any, np.ndarray] = {}
-        for pdf in batches:
-            if pdf.empty:
-                continue
-            pid = int(pdf["_pid"].iloc[0])
-            v = np.stack([pdf[c].to_numpy(dtype=np.int64) for c in values], axis=1)
-            group = pdf[group_col].to_numpy() if group_col else np.zeros(len(pdf), dtype=np.int64)
-            out = np.empty_like(v)
-            for k in dict.fromkeys(group.tolist()):
-                m = group == k
-                base = carry[k] if k in carry else offs[pid, index[k]]
-                out[m] = cm.exclusive_cumsum(v[m]) + base
-                carry[k] = base + v[m].sum(axis=0)
-            yield pdf.assign(**{o: out[:, i] for i, o in enumerate(sums)})
+        pid = int(cols["_pid"].to_numpy()[0])
+        task = TaskContext.get().taskAttemptId()
+        v = np.stack([cols[c].to_numpy(np.int64) for c in values], axis=1)
+        group = cols[group_col].to_numpy() if group_col else np.zeros(len(cols), dtype=np.int64)
+        out = np.empty_like(v)
+        for k in dict.fromkeys(group.tolist()):
+            m = group == k
+            base = carry[task, k] if (task, k) in carry else offs[pid, index[k]]
+            out[m] = cm.exclusive_cumsum(v[m]) + base
+            carry[task, k] = base + v[m].sum(axis=0)
+        return {o: out[:, i] for i, o in enumerate(sums)}
 
-    return s.mapInPandas(fn, schema).drop("_pid")
+    return _map_columns(s, [(o, LongType()) for o in sums], prefix).drop("_pid")
+
+
+class ArrowColumns:
+    """One Arrow batch seen column by column as numpy arrays (`cols["n"].to_numpy(np.int64)`,
+    `cols["dup"].fillna(1)`, `cols[mask]`): what the plan's per-batch functions read, without a
+    pandas round trip."""
+
+    def __init__(self, batch: pa.RecordBatch):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return self.batch.num_rows
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return ArrowColumn(self.batch.column(key))
+        return ArrowColumns(self.batch.filter(pa.array(np.asarray(key, dtype=bool))))
+
+
+class ArrowColumn:
+    def __init__(self, array: pa.Array):
+        self.array = array
+
+    def fillna(self, value) -> "ArrowColumn":
+        return ArrowColumn(self.array.fill_null(value))
+
+    def to_numpy(self, dtype=None) -> np.ndarray:
+        a = self.array
+        if pa.types.is_string(a.type) or pa.types.is_large_string(a.type):
+            return np.array(a.to_pylist(), dtype=object)
+        if a.null_count and pa.types.is_integer(a.type):
+            a = a.cast(pa.float64())                 # nulls become NaN, as pandas has them
+        out = a.to_numpy(zero_copy_only=False)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def _map_columns(df, new_fields: list[tuple[str, Any]], fn: Callable):
+    """mapInArrow that appends the columns computed by fn(ArrowColumns) -> {name: array}."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import StructField
+
+    schema = _nullable(df.schema, [StructField(n, t, True) for n, t in new_fields])
+    types = [(n, to_arrow_type(t)) for n, t in new_fields]
+
+    def run(batches):
+        for b in batches:
+            if b.num_rows:
+                got = fn(ArrowColumns(b))
+                yield pa.RecordBatch.from_arrays(
+                    b.columns + [pa.array(np.ascontiguousarray(np.broadcast_to(got[n], b.num_rows)), t) for n, t in types],
+                    names=b.schema.names + [n for n, _ in types])
+
+    return df.mapInArrow(profiled(run), schema)
 
 
 def _nullable(schema, extra):
-    """Pandas UDF output schema: every field nullable (pandas turns NaN into Arrow nulls)."""
+    """UDF output schema: every field nullable."""
     from pyspark.sql.types import StructField, StructType
 
     return StructType([StructField(f.name, f.dataType, True) for f in list(schema.fields) + list(extra)])
 
 
-def _map_columns(df, new_fields: list[tuple[str, Any]], fn: Callable):
-    """mapInPandas that adds columns computed by fn(pdf) -> dict of arrays."""
-    from pyspark.sql.types import StructField
-
-    schema = _nullable(df.schema, [StructField(n, t, True) for n, t in new_fields])
-
-    def run(batches):
-        for pdf in batches:
-            if len(pdf):
-                yield pdf.assign(**fn(pdf))
-
-    return df.mapInPandas(run, schema)
-
-
-def _per_component(pdf, spec: MixtureSpec, fn: Callable, dtype) -> np.ndarray:
+def _per_component(cols, spec: MixtureSpec, fn: Callable, dtype) -> np.ndarray:
     """Apply fn(component spec, rows mask) batch-wise per component; fn returns the rows' values."""
-    out = np.zeros(len(pdf), dtype=dtype)
-    comp = pdf["comp"].to_numpy()
+    out = np.zeros(len(cols), dtype=dtype)
+    comp = cols["comp"].to_numpy()
     for ci in np.unique(comp):
         m = comp == ci
         out[m] = fn(spec.components[int(ci)], m)
     return out
 
 
-def _keys(pdf, seed: int, salt: str, copies: bool = True) -> np.ndarray:
+def _keys(cols, seed: int, salt: str, copies: bool = True) -> np.ndarray:
     """Signed seeded keys of a batch's documents (Spark has no unsigned longs)."""
-    copy = pdf["copy"].to_numpy(np.int64) if copies else None
-    return cm.signed_order_key(cm.doc_keys(pdf["uid"].to_numpy(object), seed, salt=salt, copies=copy))
+    copy = cols["copy"].to_numpy(np.int64) if copies else None
+    return cm.signed_order_key(cm.doc_keys(cols["uid"].to_numpy(object), seed, salt=salt, copies=copy))
 
 
 def _by_comp(rows, key: str, names: list[str], default=0) -> dict[str, Any]:
@@ -173,19 +244,18 @@ def _by_comp(rows, key: str, names: list[str], default=0) -> dict[str, Any]:
 def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: Tokenizer, spill: Path):
     """Metadata of every document (tokens stay in `spill/tokens/*.bin`, one file per task);
     reuses a complete spill of the same components and tokenizer."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 
     marker, meta_dir, token_dir = spill / "tokens.json", spill / "meta", spill / "tokens"
     want = {"tokenizer": tokenizer.identity.digest,
             "components": {c.name: [sha256_file(opened[c.name].directory / MANIFEST_NAME), c.score_field]
                            for c in spec.components}}
-    if marker.is_file() and json.loads(marker.read_text()) == want and (meta_dir / "_SUCCESS").is_file():
+    if marker.is_file() and json.loads(marker.read_text()) == want:     # the marker is written last
         log.info("token spill complete from an earlier run, reused")
-        return spark.read.parquet(str(meta_dir))
+        return _read_meta(spark, meta_dir)
     if spill.exists():
-        shutil.rmtree(spill)
-    token_dir.mkdir(parents=True)
+        storage.remove_tree(spill)
+    storage.makedirs(token_dir)
     fields = [("comp", IntegerType(), pa.int32()), ("id", StringType(), pa.string()), ("uid", StringType(), pa.string()),
               ("n", LongType(), pa.int64()), ("score", DoubleType(), pa.float64()), ("dup", LongType(), pa.int64()),
               ("reason", StringType(), pa.string()), ("tfile", StringType(), pa.string()), ("toff", LongType(), pa.int64())]
@@ -193,35 +263,68 @@ def tokenize(spark, spec: MixtureSpec, opened: dict[str, Component], tokenizer: 
     arrow_schema = pa.schema([(n, a) for n, _, a in fields])
     payload = spark.sparkContext.broadcast(tokenizer.payload())
     dtype = token_dtype(tokenizer.vocab_size)
-    frames = []
-    for ci, c in enumerate(spec.components):
-        comp = opened[c.name]
-        has_dup = "dup_count" in comp.manifest.columns
-        # dotted score names ("quality.edu") are renamed: Arrow UDFs resolve columns by plain name
-        sel = [F.col("id"), F.col("text")] + ([F.col(spark_col(c.score_field)).alias("score_in")] if c.score_field else [])
-        if has_dup:
-            sel.append(F.col("dup_count"))
-        df = spark.read.parquet(*[str(p) for p in comp.paths]).select(*sel)
+    tokens_url, digest = str(token_dir), tokenizer.identity.digest
+    # runs of whole parquet files per task, read by pyarrow in the Python worker (as the local
+    # path reads them): the text goes from the file to the tokenizer without passing through the JVM
+    files = [(ci, str(p)) for ci, c in enumerate(spec.components) for p in opened[c.name].paths]
+    kinds = [(c.name, c.score_field, "dup_count" in opened[c.name].manifest.columns) for c in spec.components]
 
-        def fn(batches, ci=ci, name=c.name, scored=c.score_field is not None, has_dup=has_dup):
-            from pyspark import TaskContext
+    def fn(batches):
+        from pyspark import TaskContext
 
-            tok = Tokenizer.from_payload(payload.value)
-            ctx = TaskContext.get()
-            tfile = f"{ci:03d}-{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.bin"
-            offset = 0
-            with open(token_dir / tfile, "wb") as fh:
-                for b in batches:
-                    yield _tokenize_batch(b, tok, dtype, fh, tfile, offset, ci, name, scored, has_dup, arrow_schema)
-                    offset = fh.tell() // dtype.itemsize
+        tok = worker_tokenizer(payload, digest)
+        ctx = TaskContext.get()
+        tfile = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.bin"
+        offset = 0
+        # one object per task on a store (streamed up in parts); a local file otherwise
+        with storage.open(storage.join(tokens_url, tfile), "wb") as fh:
+            for b in batches:
+                for idx in b.column("id").to_pylist():
+                    ci, path = files[idx]
+                    for doc in _component_batches(path, *kinds[ci][1:]):
+                        meta = _tokenize_batch(doc, tok, dtype, fh, tfile, offset, ci, kinds[ci][0],
+                                               kinds[ci][1] is not None, kinds[ci][2], arrow_schema)
+                        offset += int(pc.sum(meta.column("n")).as_py() or 0)
+                        yield meta
 
-        frames.append(df.mapInArrow(fn, schema))
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
-    out.write.mode("overwrite").parquet(str(meta_dir))
+    tasks = tokenize_tasks(spark, spec, opened)
+    out = spark.range(0, len(files), 1, numPartitions=tasks).mapInArrow(profiled(fn), schema)
+    write_sorted_parquet(out, meta_dir, 0, sort_cols=("comp", "id"), already_partitioned=True)
     atomic.write_json(marker, want)
-    return spark.read.parquet(str(meta_dir))
+    return _read_meta(spark, meta_dir)
+
+
+def tokenize_tasks(spark, spec: MixtureSpec, opened: dict[str, Component], task_bytes: int = 128 << 20) -> int:
+    """How many tokenize tasks: about `task_bytes` of parquet each (Spark's own split size), at
+    least two per executor core, at most one per file; each task reads a run of whole files."""
+    sizes = [f.n_bytes for c in spec.components for f in opened[c.name].manifest.files]
+    want = max(2 * spark.sparkContext.defaultParallelism, -(-sum(sizes) // task_bytes))
+    return max(1, min(len(sizes), want))
+
+
+def _component_batches(path: str, score_field: str | None, has_dup: bool):
+    """A component file's documents in batches of the local path's size, with the columns
+    tokenization needs (the score renamed `score_in`)."""
+    cols = ["id", "text"] + ([score_field] if score_field else []) + (["dup_count"] if has_dup else [])
+    names = ["id", "text"] + (["score_in"] if score_field else []) + (["dup_count"] if has_dup else [])
+    for b in storage.parquet_file(path).iter_batches(batch_size=BATCH_DOCS, columns=cols):
+        yield pa.RecordBatch.from_arrays(b.columns, names=names)
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def worker_tokenizer(payload, digest: str) -> Tokenizer:
+    """The broadcast tokenizer of identity `digest`, built once per Python worker process
+    (workers are reused across tasks) rather than once per task."""
+    if digest not in _TOKENIZERS:
+        _TOKENIZERS[digest] = Tokenizer.from_payload(payload.value)
+    return _TOKENIZERS[digest]
+
+
+def _read_meta(spark, meta_dir):
+    """The metadata rows `tokenize` wrote (pyarrow parts, on any filesystem)."""
+    return read_parquet(spark, sorted(storage.glob(storage.join(meta_dir, "part-*.parquet"))))
 
 
 def _tokenize_batch(b, tok: Tokenizer, dtype, fh, tfile: str, offset: int, ci: int, name: str, scored: bool,
@@ -239,8 +342,8 @@ def _tokenize_batch(b, tok: Tokenizer, dtype, fh, tfile: str, offset: int, ci: i
         n[keep] = lengths
         toff[keep] = offset + cm.exclusive_cumsum(lengths)
     return pa.RecordBatch.from_arrays([
-        pa.array([ci] * len(ids), pa.int32()), pa.array(ids, pa.string()),
-        pa.array([f"{name}\x1f{i}" for i in ids], pa.string()), pa.array(n, pa.int64()),
+        pa.array([ci] * len(ids), pa.int32()), b.column("id").cast(pa.string()),
+        pc.binary_join_element_wise(pa.scalar(name), b.column("id").cast(pa.string()), "\x1f"), pa.array(n, pa.int64()),
         (b.column("score_in").cast(pa.float64()) if scored else pa.nulls(len(ids), pa.float64())),
         (b.column("dup_count").cast(pa.int64()) if has_dup else pa.nulls(len(ids), pa.int64())),
         pa.array(reason, pa.string()), pa.array([tfile] * len(ids), pa.string()), pa.array(toff, pa.int64())],
@@ -281,10 +384,10 @@ def annotate(spark, spec: MixtureSpec, docs, sources: dict[str, str]):
     id_sets = spark.sparkContext.broadcast({c.name: c.retention.id_set() for c in spec.components
                                             if c.retention.rule == "ids"})
 
-    def columns(pdf):
-        uids = pdf["uid"].to_numpy(dtype=object)
-        ids = pdf["id"].to_numpy(dtype=object)
-        score = pdf["score"].to_numpy(dtype=np.float64)
+    def columns(cols):
+        uids = cols["uid"].to_numpy(dtype=object)
+        ids = cols["id"].to_numpy(dtype=object)
+        score = cols["score"].to_numpy(dtype=np.float64)
 
         def held(c, m):
             keys = cm.doc_keys(holdout_key_ids(sources[c.name], ids[m]), spec.seeds.holdout, salt="holdout")
@@ -308,11 +411,11 @@ def annotate(spark, spec: MixtureSpec, docs, sources: dict[str, str]):
                 return np.fromiter((i in wanted for i in ids[m]), dtype=bool, count=int(m.sum()))
             return cm.threshold_mask(score[m], r.threshold, c.higher_is_better) if r.rule == "threshold" else True
 
-        return {"held": (_per_component(pdf, spec, held, bool) if spec.holdout else np.zeros(len(pdf), dtype=bool)),
-                "key": _per_component(pdf, spec, key, np.float64),
-                "order_tie": _per_component(pdf, spec, order_tie, np.int64),
-                "retain_key": _per_component(pdf, spec, retain_key, np.int64),
-                "rule_keep": _per_component(pdf, spec, rule_keep, bool)}
+        return {"held": (_per_component(cols, spec, held, bool) if spec.holdout else np.zeros(len(cols), dtype=bool)),
+                "key": _per_component(cols, spec, key, np.float64),
+                "order_tie": _per_component(cols, spec, order_tie, np.int64),
+                "retain_key": _per_component(cols, spec, retain_key, np.int64),
+                "rule_keep": _per_component(cols, spec, rule_keep, bool)}
 
     return freeze(_map_columns(docs, [("held", BooleanType()), ("key", DoubleType()), ("order_tie", LongType()),
                                       ("retain_key", LongType()), ("rule_keep", BooleanType())], columns))
@@ -339,15 +442,15 @@ def retain(spark, spec: MixtureSpec, annotated):
         comp_tokens = {r["comp"]: int(r["t"]) for r in sub.groupBy("comp").agg(F.sum("n").alias("t")).collect()}
         bc_tot = spark.sparkContext.broadcast(comp_tokens)
 
-        def band(pdf):
+        def band(cols):
             def f(c, m):
                 r = c.retention
-                prefix = pdf["rprefix"].to_numpy(np.int64)[m]
+                prefix = cols["rprefix"].to_numpy(np.int64)[m]
                 if r.rule == "random_tokens":
                     return cm.take_budget(prefix, r.n_tokens)
                 low, high = (1.0 - r.fraction, 1.0) if r.rule == "top_fraction" else (r.low, r.high)
-                return cm.in_rank_band(prefix, bc_tot.value[int(pdf["comp"].to_numpy()[m][0])], low, high)
-            return {"retained": _per_component(pdf, spec, f, bool)}
+                return cm.in_rank_band(prefix, bc_tot.value[int(cols["comp"].to_numpy()[m][0])], low, high)
+            return {"retained": _per_component(cols, spec, f, bool)}
 
         sub = _map_columns(sub, [("retained", BooleanType())], band).drop("rorder_key", "rorder_tie", "rprefix")
         kept = kept.unionByName(sub)
@@ -377,9 +480,9 @@ def _capped_masses(spec: MixtureSpec, rows, n_pass: int):
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
-    def caps(pdf):
-        dup = pdf["dup"].fillna(1).to_numpy(np.int64)
-        return {"cap": _per_component(pdf, spec, lambda c, m: cm.copy_caps(dup[m], c.repeat, c.max_copies)
+    def caps(cols):
+        dup = cols["dup"].fillna(1).to_numpy(np.int64)
+        return {"cap": _per_component(cols, spec, lambda c, m: cm.copy_caps(dup[m], c.repeat, c.max_copies)
                                       if c.dup_weighted else 1, np.int64)}
 
     rows = _map_columns(rows, [("cap", LongType())], caps)
@@ -422,15 +525,15 @@ def phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: dic
     pass_cols = [f"p{j}" for j in range(1, n_pass + 1)] if any(extra[ci] > 0 for ci in capped) else []
     if any(e != 0 for e in extra.values()):     # the budget order matters only when something is cut or repeated
         salt = f"budget:{p.name}"
-        rows = _map_columns(rows, [("bkey", LongType())], lambda pdf: {"bkey": _keys(pdf, spec.seeds.budget, salt, False)})
+        rows = _map_columns(rows, [("bkey", LongType())], lambda cols: {"bkey": _keys(cols, spec.seeds.budget, salt, False)})
         rows = with_prefix(rows, ["bkey", "uid"], group_col="comp",
                            sums={"bprefix": "n", **{c: f"m{j + 1}" for j, c in enumerate(pass_cols)}})
     else:
         rows = rows.withColumn("bprefix", F.lit(0).cast("long"))
     budget_tokens = {ci: b[names[ci]] for ci in members}
 
-    def copies(pdf):
-        prefix = pdf["bprefix"].to_numpy(np.int64)
+    def copies(cols):
+        prefix = cols["bprefix"].to_numpy(np.int64)
 
         def f(c, m):
             ci = names.index(c.name)
@@ -440,16 +543,16 @@ def phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: dic
             if e == 0:
                 return 1
             if c.dup_weighted:
-                pp = np.stack([pdf[col].to_numpy(np.int64)[m] for col in pass_cols], axis=1)
-                return 1 + cm.capped_extra_copies(pdf["cap"].to_numpy(np.int64)[m], pp, masses[ci], e)
+                pp = np.stack([cols[col].to_numpy(np.int64)[m] for col in pass_cols], axis=1)
+                return 1 + cm.capped_extra_copies(cols["cap"].to_numpy(np.int64)[m], pp, masses[ci], e)
             return 1 + cm.pass_copies(prefix[m], retained_tokens[c.name], e)
-        return {"copies": _per_component(pdf, spec, f, np.int64)}
+        return {"copies": _per_component(cols, spec, f, np.int64)}
 
     rows = _map_columns(rows, [("copies", LongType())], copies).filter(F.col("copies") > 0)
     rows = rows.withColumn("copy", F.explode(F.sequence(F.lit(0).cast("long"), F.col("copies") - 1)))
     rows = rows.drop("copies", "bkey", "bprefix", "cap", *[f"m{j}" for j in range(1, n_pass + 1)], *pass_cols)
-    rows = _map_columns(rows, [("tie", LongType())], lambda pdf: {"tie": _per_component(
-        pdf, spec, lambda c, m: _keys(pdf[m], c.order_seed, "order"), np.int64)})
+    rows = _map_columns(rows, [("tie", LongType())], lambda cols: {"tie": _per_component(
+        cols, spec, lambda c, m: _keys(cols[m], c.order_seed, "order"), np.int64)})
     # copy c is ranked within pass c (curriculum.preference_order)
     rows = with_prefix(rows, ["copy", "key", "tie", "uid"], group_col="comp")
     agg = rows.groupBy("comp").agg(F.sum("n").alias("t"), F.count("*").alias("d"),
@@ -457,9 +560,9 @@ def phase_pool(spark, spec: MixtureSpec, pi: int, retained, retained_tokens: dic
     totals = {r["comp"]: int(r["t"]) for r in agg}
     bc_tot = spark.sparkContext.broadcast(totals)
 
-    def rank_bucket(pdf):
-        tot = np.array([bc_tot.value[int(c)] for c in pdf["comp"].to_numpy()], dtype=np.int64)
-        prefix = pdf["prefix"].to_numpy(np.int64)
+    def rank_bucket(cols):
+        tot = np.array([bc_tot.value[int(c)] for c in cols["comp"].to_numpy()], dtype=np.int64)
+        prefix = cols["prefix"].to_numpy(np.int64)
         return {"rank": cm.rank_of(prefix, tot), "bucket": cm.bucket_of(prefix, tot, K)}
 
     df = freeze(_map_columns(rows, [("rank", DoubleType()), ("bucket", LongType())], rank_bucket).drop("tie"))
@@ -515,9 +618,9 @@ def stream_plan(spec: MixtureSpec, phase: str, pool: PhasePool, order: str, prev
     seed, salt = ((spec.seeds.bucket_shuffle, f"bucket:{p.name}") if order == "curriculum"
                   else (spec.seeds.uniform, f"uniform:{p.name}"))
 
-    def keys(pdf):
-        h = cm.doc_keys(pdf["uid"].to_numpy(object), seed, salt=salt, copies=pdf["copy"].to_numpy(np.int64))
-        seg = pdf["bucket"].to_numpy(np.int64) if order == "curriculum" else cm.uniform_slot(h, K)
+    def keys(cols):
+        h = cm.doc_keys(cols["uid"].to_numpy(object), seed, salt=salt, copies=cols["copy"].to_numpy(np.int64))
+        seg = cols["bucket"].to_numpy(np.int64) if order == "curriculum" else cm.uniform_slot(h, K)
         return {"skey": cm.signed_order_key(h), "seg": seg}
 
     s = _map_columns(pool.df, [("skey", LongType()), ("seg", LongType())], keys).withColumn("label", _label_col(spec, False))
@@ -530,16 +633,16 @@ def stream_plan(spec: MixtureSpec, phase: str, pool: PhasePool, order: str, prev
     body = with_prefix(body, ["seg_rank", *ORDER], sums={"sprefix": "n"})
     rsalt = f"replay:{p.name}"
     rep = _map_columns(prev_pool.df, [("replay_key", LongType())],
-                       lambda pdf: {"replay_key": _keys(pdf, spec.seeds.replay, rsalt)})
+                       lambda cols: {"replay_key": _keys(cols, spec.seeds.replay, rsalt)})
     rep = with_prefix(rep, ["replay_key", "uid", "copy"], sums={"sprefix": "n"}).filter(F.col("sprefix") * 2 < F.lit(L))
     head = body.filter(F.col("sprefix") * 2 < F.lit(L))
     rest = body.filter(F.col("sprefix") * 2 >= F.lit(L)).select(*PLAN_COLUMNS)
     rep = (_map_columns(rep, [("ord_a", DoubleType())],
-                        lambda pdf: {"ord_a": cm.transition_p1_position(pdf["sprefix"].to_numpy(np.int64), L)})
+                        lambda cols: {"ord_a": cm.transition_p1_position(cols["sprefix"].to_numpy(np.int64), L)})
            .withColumn("label", _label_col(spec, True)).withColumn("bucket", F.lit(-1).cast("long"))
            .withColumn("ord_b", F.lit(0).cast("long")))
     head = (_map_columns(head.drop("ord_a"), [("ord_a", DoubleType())],
-                         lambda pdf: {"ord_a": cm.transition_p2_position(pdf["sprefix"].to_numpy(np.int64), L)})
+                         lambda cols: {"ord_a": cm.transition_p2_position(cols["sprefix"].to_numpy(np.int64), L)})
             .withColumn("ord_b", F.lit(1).cast("long")))
     side_cols = [c for c in PLAN_COLUMNS if c not in ("seg_rank", "segment", "ord_c", "ord_d")] + ["sprefix"]
     window = (rep.select(*side_cols).unionByName(head.select(*side_cols))
@@ -558,7 +661,7 @@ def eval_plan(spec: MixtureSpec, docs):
     from pyspark.sql.types import LongType
 
     held = docs.filter(F.col("held")).withColumn("copy", F.lit(0).cast("long"))
-    held = _map_columns(held, [("ekey", LongType())], lambda pdf: {"ekey": _keys(pdf, spec.seeds.holdout, "eval")})
+    held = _map_columns(held, [("ekey", LongType())], lambda cols: {"ekey": _keys(cols, spec.seeds.holdout, "eval")})
     if spec.holdout is not None and spec.holdout.max_tokens:
         held = with_prefix(held, ["ekey", "uid"], sums={"eprefix": "n"}).filter(F.col("eprefix") < F.lit(spec.holdout.max_tokens))
     return (held.withColumn("label", _label_col(spec, False)).withColumn("bucket", F.lit(-1).cast("long"))
@@ -580,10 +683,11 @@ def assign_parts(plan, shard_tokens: int):
 
 class SpillFiles:
     """tokens(file, offset, n) from the task spill files, by positioned reads (at most
-    MAX_OPEN_SPILL_FILES descriptors open, least recently used closed first)."""
+    MAX_OPEN_SPILL_FILES descriptors open, least recently used closed first). Spill files on an
+    object store are fetched whole, once per executor, into its scratch directory (`local_spill`)."""
 
-    def __init__(self, directory: Path, dtype: np.dtype):
-        self.directory, self.dtype = directory, dtype
+    def __init__(self, directory: str, dtype: np.dtype):
+        self.directory, self.dtype = str(directory), dtype
         self._fds: dict[str, int] = {}
 
     def __call__(self, tfile: str, toff: int, n: int) -> np.ndarray:
@@ -591,13 +695,13 @@ class SpillFiles:
         if fd is None:
             if len(self._fds) >= MAX_OPEN_SPILL_FILES:
                 os.close(self._fds.pop(next(iter(self._fds))))
-            fd = os.open(self.directory / tfile, os.O_RDONLY)
+            fd = os.open(local_spill(self.directory, tfile), os.O_RDONLY)
         self._fds[tfile] = fd
         size = self.dtype.itemsize
         data = os.pread(fd, n * size, toff * size)
         if len(data) != n * size:
-            raise ContractError(self.directory / tfile, f"token spill is truncated at token {toff} (+{n}); "
-                                "delete the work directory and run again")
+            raise ContractError(storage.join(self.directory, tfile), f"token spill is truncated at token {toff} "
+                                f"(+{n}); delete the work directory and run again")
         return np.frombuffer(data, dtype=self.dtype)
 
     def close(self) -> None:
@@ -606,40 +710,77 @@ class SpillFiles:
         self._fds.clear()
 
 
-def write_files(spark, plan, token_dir: Path, directory: Path, vocab_size: int) -> list[ShardFile]:
-    """Each task writes whole shard files (one per (segment, part)) with the shared writer; the
-    plan rows are shuffled to them (metadata only) and each reads its documents' tokens."""
+def local_spill(directory: str, tfile: str) -> Path:
+    """A local path holding spill file `tfile` of `directory`: itself on a filesystem, else a copy
+    in the executor's own scratch directory (Spark's per-application directory, removed when the
+    executor exits), downloaded whole under a temporary name, then renamed: tasks of one executor
+    share it."""
+    if not storage.is_remote(directory):
+        return Path(directory) / tfile
+    from pyspark import SparkFiles
+
+    local = Path(SparkFiles.getRootDirectory()) / "spill" / tfile
+    if not local.is_file():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fs, inner = storage.filesystem(storage.join(directory, tfile))
+        tmp = local.with_name(f"{atomic.TMP_PREFIX}{tfile}.{uuid.uuid4().hex[:8]}")
+        try:
+            fs.get_file(inner, str(tmp))
+            os.replace(tmp, local)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return local
+
+
+def write_files(spark, plan, token_dir, directory, vocab_size: int) -> list[ShardFile]:
+    """Each task writes whole shard files (one per (segment, part)) with the shared writer into
+    `directory` (an attempt: a shared directory, or an object-store prefix that the files are
+    uploaded to once written locally); the plan rows are shuffled to them (metadata only) and
+    each reads its documents' tokens."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     keys = ["seg_rank", "part"]
-    rows = (plan.select("segment", "part", "seg_rank", "tfile", "toff", "n", "id", "label", "bucket", "rank", "copy",
-                        *ORDER)
+    columns = ["segment", "part", "seg_rank", "tfile", "toff", "n", "id", "label", "bucket", "rank", "copy"]
+    rows = (plan.select(*columns, *ORDER)
             .repartition(2 * spark.sparkContext.defaultParallelism, *keys).sortWithinPartitions(*keys, *ORDER))
     dtype = token_dtype(vocab_size)
     schema = StructType([StructField("seg_rank", LongType()), StructField("part", LongType()),
                          StructField("shard", StringType())])
+    out_schema = pa.schema([("seg_rank", pa.int64()), ("part", pa.int64()), ("shard", pa.string())])
+    dest = str(directory)
 
     def fn(batches):
-        import pandas as pd
-
         tokens = SpillFiles(token_dir, dtype)
+        local = storage.local_scratch(dest)
+        local.mkdir(parents=True, exist_ok=True)
 
         def docs():
-            for pdf in batches:
-                yield from zip(pdf["segment"], pdf["part"], pdf["seg_rank"], pdf["tfile"], pdf["toff"], pdf["n"],
-                               pdf["id"], pdf["label"], pdf["bucket"], pdf["rank"], pdf["copy"])
+            for b in batches:
+                yield from zip(*(b.column(c).to_pylist() for c in columns))
         try:
-            for (segment, part, seg_rank), grp in groupby(docs(), key=lambda r: (r[0], int(r[1]), int(r[2]))):
-                sf = write_shard_file(directory, cm.shard_name(segment, part), segment,
-                                      ((tokens(r[3], int(r[4]), int(r[5])), str(r[6]), str(r[7]), int(r[8]),
-                                        float(r[9]), int(r[10])) for r in grp), vocab_size)
-                yield pd.DataFrame({"seg_rank": [seg_rank], "part": [part], "shard": [sf.model_dump_json()]})
+            for (segment, part, seg_rank), grp in groupby(docs(), key=lambda r: (r[0], r[1], r[2])):
+                sf = write_shard_file(local, cm.shard_name(segment, part), segment,
+                                      ((tokens(r[3], r[4], r[5]), r[6], r[7], r[8], r[9], r[10]) for r in grp),
+                                      vocab_size)
+                if storage.is_remote(dest):
+                    upload(local, dest, [sf.tokens_path, sf.index_path])
+                yield pa.RecordBatch.from_pydict({"seg_rank": [seg_rank], "part": [part],
+                                                  "shard": [sf.model_dump_json()]}, schema=out_schema)
         finally:
             tokens.close()
 
-    got = rows.mapInPandas(fn, schema).collect()
+    got = rows.mapInArrow(profiled(fn), schema).collect()
     got.sort(key=lambda r: (r["seg_rank"], r["part"]))
     return [ShardFile.model_validate_json(r["shard"]) for r in got]
+
+
+def upload(local: Path, dest: str, names: list[str]) -> None:
+    """Move files `names` of local directory `local` to object-store prefix `dest` (one PUT each:
+    an object appears whole; a retried task puts the same bytes again)."""
+    fs, inner = storage.filesystem(dest)
+    for name in names:
+        fs.put_file(str(local / name), f"{inner}/{name}")
+        (local / name).unlink()
 
 
 # ---- the job -------------------------------------------------------------------------------------
@@ -709,23 +850,35 @@ def component_uses(spec: MixtureSpec, planned: Planned, plan, phase: str | None)
 
 def write_set(spark, spec: MixtureSpec, tokenizer: Tokenizer, planned: Planned, out: Path, token_dir: Path,
               set_name: str, phase: str | None, order: str, inputs: list) -> ShardManifest:
-    """One shard set, atomically: plan, files written by tasks, the manifest and run.json."""
+    """One shard set through the commit protocol (`common.storage`): the tasks write its files
+    into an attempt (a `.tmp-*` sibling directory, or `_attempt-<id>/` on an object store), then
+    the manifest and run.json; the commit (a rename, or the commit record written last) makes it
+    visible. A killed job leaves an attempt no reader sees; the next run removes it."""
     ts = time.perf_counter()
     plan, extra, pool = set_plan(spec, planned, phase, order)
     uses = component_uses(spec, planned, plan, phase)
-    with atomic.atomic_path(out / set_name) as tmp:
-        tmp.mkdir(parents=True)
-        shards = write_files(spark, plan, token_dir, tmp, tokenizer.vocab_size)
+    final = out / set_name
+    attempt = storage.new_attempt(final)
+    storage.makedirs(attempt)
+    try:
+        shards = write_files(spark, plan, token_dir, attempt, tokenizer.vocab_size)
         manifest = assemble_manifest(spec, tokenizer, set_name, phase, order, shards, uses, inputs, extra,
                                      bucket_count=pool.bucket_count if pool else None,
                                      buckets=bucket_stats(spec, pool) if pool else None)
-        manifest.write(tmp)
-        write_run_record(tmp, set_name, "spark", manifest, {"total": time.perf_counter() - ts})
+        manifest.write(attempt)
+        write_run_record(attempt, set_name, "spark", manifest, {"total": time.perf_counter() - ts})
+        known = {f: sha for s in shards for f, sha in ((s.tokens_path, s.sha256), (s.index_path, s.index_sha256))}
+        storage.commit(attempt, final, known)
+    except BaseException:
+        if not storage.is_remote(attempt):
+            shutil.rmtree(attempt, ignore_errors=True)
+        raise
     return manifest
 
 
-def default_work_dir(spec: MixtureSpec, out: Path) -> Path:
-    """Where the token spill (and the CLI's checkpoints) go unless told: beside the sets."""
+def default_work_dir(spec: MixtureSpec, out):
+    """Where the token spill (and, on a filesystem, the CLI's checkpoints) go unless told: beside
+    the sets (on an object store too: executors write the spill there and read it back)."""
     return out / f".work-{spec.spec_hash()[:12]}-spark"
 
 
@@ -735,13 +888,15 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
         ) -> dict[str, ShardManifest]:
     """Materialize the spec's sets (all, or the named `sets`) under `out_dir/<set name>/`; sets
     complete from an earlier run with the same spec and inputs are reused unless `force`.
-    `checkpoint_dir` makes the plan's checkpoints reliable (HDFS or a shared directory; else the
-    context's `spark.checkpoint.dir`, else local checkpoints that a lost executor invalidates)."""
+    `checkpoint_dir` makes the plan's checkpoints reliable (HDFS, a shared directory, or an object
+    store the cluster's Hadoop connector reaches; else the context's `spark.checkpoint.dir`, else
+    local checkpoints that a lost executor invalidates). `out_dir` and `work_dir` may be URLs
+    (s3://, gs://, abfs://), and so may the components."""
     progress = progress or (lambda m: log.info(m))
     if not isinstance(spec, MixtureSpec):
         spec = load_spec(spec)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_location(out_dir)
+    storage.makedirs(out)
     atomic.clean_stale_tmp(out)
     opened = check_components(spec)
     tokenizer = load_tokenizer(spec.tokenizer)
@@ -749,8 +904,8 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
     results, todo = select_sets(spec, lambda name: out / name, inputs, sets=sets, force=force, progress=progress)
     if not todo:
         return results
-    work = Path(work_dir).resolve() if work_dir else default_work_dir(spec, out)
-    work.mkdir(parents=True, exist_ok=True)
+    work = resolve_location(work_dir) if work_dir else default_work_dir(spec, out)
+    storage.makedirs(work)
     if checkpoint_dir:
         spark.sparkContext.setCheckpointDir(str(checkpoint_dir))
     t0 = time.perf_counter()
@@ -764,5 +919,10 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
         progress(f"wrote {set_name}: {len(m.shards)} shards, {m.n_tokens:,} tokens, {m.n_docs:,} docs "
                  f"in {time.perf_counter() - ts:.1f}s")
     if not keep_work:
-        shutil.rmtree(work, ignore_errors=True)
+        storage.remove_tree(work)
     return results
+
+
+def resolve_location(p):
+    """A URL as it is (`storage.path`), a local path made absolute (executors run elsewhere)."""
+    return storage.path(p) if storage.is_remote(p) else Path(p).resolve()
