@@ -7,8 +7,8 @@ Module and parameter names mirror Hugging Face's `Qwen3ForCausalLM` (`model.laye
 ...) so export is a rename-free copy (`trainer.export`).
 
 This file knows nothing of precision recipes or parallelism: FP8 is a module swap applied by
-`trainer.fp8.convert_to_fp8`, data parallelism a wrapper applied by the training loop (the torchtitan
-split). The forward has no data-dependent Python branches, so `torch.compile` traces it whole.
+`trainer.fp8.convert_to_fp8` (FP8 linears, and the attention and MLP in their FP8 forms), data
+parallelism a wrapper applied by the training loop (the torchtitan split). The forward has no data-dependent Python branches, so `torch.compile` traces it whole.
 
 Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads, Dh head
 width, F MLP width, V vocabulary.
@@ -141,43 +141,6 @@ def _flex_attention(q, k, v, block_mask):
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
-def stacked_weight(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
-    """The siblings' weights stacked along the output features, in their order: the one weight a stacked GEMM
-    (`sibling_linears`, the fused FP8 MLP, `trainer.fp8.step_weights`) computes with."""
-    return linears[0].weight if len(linears) == 1 else torch.cat([m.weight for m in linears])
-
-
-def sibling_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """The outputs of linears that read the same input (q, k, v; gate, up).
-
-    Linears that compute from a given weight (`forward_weight(x, weight, bias)`: `trainer.fp8.Fp8Linear`)
-    run as ONE linear over their weights stacked along the output features, split back: one input
-    quantization and one GEMM per pass instead of three or two, the input gradient summed inside the
-    Dgrad GEMM. The parameters stay separate (HF names, checkpoints, MuonH's per-matrix
-    orthogonalization and radii are unchanged). Plain `nn.Linear`s run one by one: in BF16 the stacked
-    form was 1.5% slower on the H200 (Inductor's kernels that write into and read from the stacked
-    gradient cost more than the larger GEMMs save; benchmarks/RESULTS.md, issue 16), and so do
-    siblings of different classes (an FP8 recipe that converts only some of them)."""
-    first = linears[0]
-    forward_weight = getattr(first, "forward_weight", None)
-    if forward_weight is None or any(type(m) is not type(first) for m in linears):
-        return tuple(m(x) for m in linears)
-    weight = stacked_weight(linears)
-    bias = None if first.bias is None else torch.cat([m.bias for m in linears])
-    return forward_weight(x, weight, bias).split([m.out_features for m in linears], dim=-1)
-
-
-def weight_stacks(model: "Transformer") -> list[tuple[nn.Linear, ...]]:
-    """The weights each block GEMM of the forward computes with: a stack of siblings (q, k, v; gate, up), whose
-    first linear computes for all of them where `sibling_linears` stacks them (`stacked_weight`), or one
-    linear (o, down). `trainer.fp8.step_weights` quantizes each once a step from this list."""
-    stacks: list[tuple[nn.Linear, ...]] = []
-    for block in model.model.layers:
-        attn, mlp = block.self_attn, block.mlp
-        stacks += [attn.qkv(), (attn.o_proj,), mlp.gate_up(), (mlp.down_proj,)]
-    return stacks
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -189,14 +152,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)     # QK-norm, per head
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
-    def qkv(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-        """The sibling linears that read the normed input (one stacked GEMM where `sibling_linears` can)."""
-        return self.q_proj, self.k_proj, self.v_proj
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The query, key and value projections of the normed input."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = sibling_linears(x, self.qkv())
+        q, k, v = self.project_qkv(x)
         q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)         # (B,H,T,Dh)
         k = self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)      # (B,K,T,Dh)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)                   # (B,K,T,Dh)
@@ -213,8 +176,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)). A down projection with `forward_swiglu(x, w_gate_up)`
-    computes the whole MLP (FP8: one fused computation); any other runs the linears one by one."""
+    """SwiGLU: down(up(x) * silu(gate(x)))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -222,21 +184,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
-    def gate_up(self) -> tuple[nn.Linear, nn.Linear]:
-        return self.gate_proj, self.up_proj
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        fused = getattr(down, "forward_swiglu", None)
-        if fused is not None and type(gate) is type(down) and type(up) is type(down):
-            # the down projection computes the whole MLP from the stacked gate-up weight
-            # (`trainer.fp8.Fp8Linear`: the SwiGLU product fused into its FP8 quantization); the gate
-            # projection, first of the stack, holds what `weight_stacks` says it computes with
-            y = fused(x, stacked_weight(self.gate_up()), gate)
-            if y is not None:
-                return y
-        g, u = sibling_linears(x, self.gate_up())
-        return down(F.silu(g) * u)
+        return self.down_proj(self.up_proj(x) * F.silu(self.gate_proj(x)))
 
 
 class Block(nn.Module):
@@ -249,8 +198,8 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, mask):
         # the normed inputs in the residual stream's dtype (BF16 under autocast): what the linears compute
-        # with anyway (autocast casts them so for BF16 GEMMs), and an FP8 linear's quantizer, an opaque
-        # kernel to Inductor, then reads 2 bytes a value instead of the norm's float32 output
+        # with anyway (autocast casts them so for BF16 GEMMs), and a quantizing linear, an opaque kernel
+        # to Inductor, then reads 2 bytes a value instead of the norm's float32 output
         x = x + self.self_attn(self.input_layernorm(x).to(x.dtype), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x).to(x.dtype))
 

@@ -30,7 +30,6 @@ import dataclasses
 import gc
 import json
 import math
-import os
 import queue
 import threading
 import time
@@ -43,12 +42,13 @@ import torch.distributed as dist
 from common import atomic, storage
 from common.log import get_logger
 from trainer import checkpoint as ckpt
-from trainer.compute_copies import ComputeCopies
 from trainer.config import RunConfig
 from trainer.data import MicroBatch, SyntheticStream, TokenStream
-from trainer.flops import PEAKS, shape_from_config, throughput_report
+from trainer.flops import shape_from_config, throughput_report
+from trainer.runtime import (Dist, PrecisionPlan, attention_context, autocast_context, device_peaks,
+                             resolve_precision, set_determinism)
 from trainer.loss import DEFAULT_CHUNK_TOKENS, chunk_loss_and_grads, linear_cross_entropy_sum
-from trainer.model import ModelConfig, Transformer, build_model, count_params, stacked_weight, weight_stacks
+from trainer.model import ModelConfig, Transformer, build_model, count_params
 from trainer.optim import build_optimizer
 from trainer.schedules import lr_at, resolve_schedule
 
@@ -61,91 +61,6 @@ CHANGEABLE_FIELDS = ("rope_theta", "max_seq_len", "norm_eps")                   
 # --------------------------------------------------------------------------------------------
 # Environment
 # --------------------------------------------------------------------------------------------
-
-class Dist:
-    """Rank, world size and device; initializes the process group under torchrun."""
-
-    def __init__(self, device_pref: str = "auto"):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if device_pref.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"device: {device_pref} was asked for, but CUDA is not available here")
-        cuda = torch.cuda.is_available() and device_pref in ("auto", "cuda")
-        if device_pref.startswith("cuda:"):
-            self.device = torch.device(device_pref)
-        elif cuda:
-            self.device = torch.device("cuda", self.local_rank)
-            torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
-        self.initialized_here = False
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if self.device.type == "cuda" else "gloo")
-            self.initialized_here = True
-        # host numbers (a step's loss-token count) are summed over gloo on the CPU: through NCCL they would be
-        # a device tensor read back with .tolist(), a wait for everything the GPU has queued
-        self.host_group = None
-        if self.world > 1 and dist.get_backend() != "gloo":
-            self.host_group = dist.new_group(backend="gloo")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        """Host numbers summed over the ranks (on the CPU, never waiting for the GPU)."""
-        if self.world == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, group=self.host_group)
-        return t.tolist()
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.initialized_here and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def set_determinism(enabled: bool, device: torch.device) -> None:
-    if not enabled:
-        return
-    if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def compute_dtype(precision: str) -> torch.dtype | None:
-    """The dtype the matmuls run in under autocast (FP8's non-FP8 ops included), or None for plain fp32."""
-    return torch.bfloat16 if precision in ("bf16", "fp8-blockwise") else None
-
-
-def autocast_context(precision: str, device: torch.device):
-    dtype = compute_dtype(precision)
-    return torch.autocast(device_type=device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-
-
-def attention_context(device: torch.device):
-    """On CUDA, SDPA backends in the order cuDNN > Flash > memory-efficient > math (cuDNN's fused
-    attention is the fastest on Hopper; PyTorch's own order puts it last)."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    return sdpa_kernel(order, set_priority=True)
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return precision
-
 
 # --------------------------------------------------------------------------------------------
 # Data
@@ -585,26 +500,15 @@ class Stepper:
         self.b, self.cfg, self.dist, self.precision = built, cfg, dist_, precision
         self.ddp = dist_.world > 1 and cfg.parallel.data == "ddp"
         self.fsdp = dist_.world > 1 and cfg.parallel.data == "fsdp"
-        # BF16 copies of the weights cast once a step (one process: the wrappers hook the fp32 masters)
-        dtype = compute_dtype(precision)
-        self.copies = (ComputeCopies(built.model, dtype, compile=cfg.compile and dist_.device.type == "cuda")
-                       if dtype and dist_.world == 1 else None)
-        # FP8 weights quantized once a step, not once a micro-batch, and their Wgrads added into one fp32 buffer a
-        # stack inside the GEMMs; one process, as the BF16 copies (FSDP holds only shards between forwards, DDP
-        # syncs module buffers, which the step copies are, and both hook the weights' own gradient accumulation)
-        self.fp8_stacks = weight_stacks(built.model) if precision == "fp8-blockwise" and dist_.world == 1 else None
-
-    def _fp8_step_weights(self):
-        if not self.fp8_stacks:
-            return contextlib.nullcontext()
-        from trainer.fp8 import step_weights
-        return step_weights(self.fp8_stacks, stacked_weight, grads=True)
+        # the step's weights: BF16 copies cast once a step, FP8 weights quantized once a step (one process)
+        self.precision_plan = PrecisionPlan(built.model, precision, dist_.world,
+                                            compile_adds=cfg.compile and dist_.device.type == "cuda")
 
     def __call__(self, micro: list[MicroBatch], denom: float, detail: bool = False):
         device, world = self.dist.device, self.dist.world
         loss_model, model, optimizer = self.b.loss_model, self.b.model, self.b.optimizer
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        with self.copies.swapped() if self.copies else contextlib.nullcontext(), self._fp8_step_weights():
+        with self.precision_plan.step_context():
             for i, mb in enumerate(micro):
                 mb = mb.to(device)
                 last = i == len(micro) - 1
@@ -616,8 +520,7 @@ class Stepper:
                         s = micro_loss_sum(loss_model, mb)
                     # DDP and FSDP average gradients over ranks; scale so the result is sum / global count
                     (s * (world / denom)).backward()
-                if self.copies:
-                    self.copies.accumulate()
+                self.precision_plan.after_backward()
                 loss_sum += s.detach()
         zero_frac = zero_grad_fractions(model) if detail and self.dist.is_main else None
         clip = self.cfg.optim.grad_clip
@@ -762,12 +665,6 @@ class Checkpointer:
         self.dist.barrier()
 
 
-def device_peaks(device: torch.device):
-    """Dense peaks of a known GPU (for MFU), else None."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device).lower()
-    return next((p for key, p in PEAKS.items() if key in name.replace(" ", "")), None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import trainer.runtime as runtime
 import trainer.train as train_mod
 from trainer.compute_copies import ComputeCopies
 from trainer.config import RunConfig
@@ -82,7 +83,7 @@ def test_a_bf16_run_with_copies_tracks_the_autocast_run(shard_sets, tmp_path, mo
         return [r["loss"] for r in rows if "loss" in r]
 
     with_copies = losses("copies")
-    monkeypatch.setattr(train_mod, "ComputeCopies", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runtime, "ComputeCopies", lambda *args, **kwargs: None)
     without = losses("autocast")
     assert len(with_copies) == len(without) == 4
     for a, b in zip(with_copies, without):

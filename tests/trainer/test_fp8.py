@@ -450,10 +450,10 @@ def test_trainer_model_converts_its_block_linears_only():
 
 
 def test_fp8_siblings_share_one_input_quantization_and_equal_separate_layers():
-    """q, k, v in FP8 through `sibling_linears`: one 1x128 quantization of the shared input, and,
+    """q, k, v in FP8 through `stacked_linears`: one 1x128 quantization of the shared input, and,
     since every sibling's width is a multiple of 128, the same quantized operands as three separate
     Fp8Linears, so outputs and gradients agree to float32 summation order."""
-    from trainer.model import sibling_linears
+    from trainer.fp8 import stacked_linears
 
     g = torch.Generator().manual_seed(1)
     layers = tuple(Fp8Linear(256, n, bias=False, recipe=Fp8Recipe(backend="emulate")) for n in (256, 128, 128))
@@ -469,7 +469,7 @@ def test_fp8_siblings_share_one_input_quantization_and_equal_separate_layers():
         sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
         return [y.detach() for y in ys], [m.weight.grad.clone() for m in layers] + [x.grad.clone()]
 
-    fused_y, fused_g = run(lambda: sibling_linears(x, layers))
+    fused_y, fused_g = run(lambda: stacked_linears(x, layers))
     sep_y, sep_g = run(lambda: tuple(m(x) for m in layers))
     for a, b in zip(fused_y + fused_g, sep_y + sep_g):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
@@ -480,7 +480,8 @@ def test_fused_fp8_swiglu_mlp_equals_the_linears_one_by_one():
     the quantizations); with the emulation it quantizes exactly the operands that the gate-up sibling
     linear and a separate down projection quantize, so output and every gradient agree to float32
     summation order. Without gradients (inference) it gives the same output."""
-    from trainer.model import MLP, ModelConfig, sibling_linears
+    from trainer.fp8 import stacked_linears
+    from trainer.model import MLP, ModelConfig
 
     cfg = ModelConfig(vocab_size=10, d_model=256, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=128, d_ff=384)
     mlp = MLP(cfg)
@@ -493,7 +494,7 @@ def test_fused_fp8_swiglu_mlp_equals_the_linears_one_by_one():
     layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
     def unfused():
-        gate, up = sibling_linears(x, layers[:2])
+        gate, up = stacked_linears(x, layers[:2])
         return mlp.down_proj(F.silu(gate) * up)
 
     def run(fn):
@@ -627,7 +628,8 @@ def test_step_weights_quantize_each_stack_once_a_step_and_change_nothing(monkeyp
     after the step (and are never in the state dict), also when the step raises."""
     from trainer.fp8 import quantize as fp8_quantize_mod
     from trainer.fp8 import step_weights
-    from trainer.model import build_model, preset_config, stacked_weight, weight_stacks
+    from trainer.fp8 import stacked_weight, weight_stacks
+    from trainer.model import build_model, preset_config
 
     cfg = preset_config("tiny", vocab_size=512)
     model = convert_to_fp8(build_model(cfg, seed=0), Fp8Recipe(backend="emulate"))
@@ -673,7 +675,8 @@ def test_step_weights_add_the_wgrads_into_one_buffer_a_stack_bit_for_bit():
     traced as the loop compiles them (the buffer is an input the compiled backward mutates). A gradient something else left on a weight is added to; a
     step that raises assigns nothing."""
     from trainer.fp8 import step_weights
-    from trainer.model import build_model, preset_config, stacked_weight, weight_stacks
+    from trainer.fp8 import stacked_weight, weight_stacks
+    from trainer.model import build_model, preset_config
 
     torch._dynamo.reset()
     cfg = preset_config("tiny", vocab_size=512)
@@ -811,3 +814,45 @@ def test_an_op_defined_by_trainer_fp8_ops_dispatches_mutates_and_compiles_whole(
     total = torch.compile(step, backend="aot_eager", fullgraph=True)(x, compiled_out)
     assert compiled_out.tolist() == [0.0, 2.0, 4.0, 6.0] and total.item() == 12.0
     assert fakes, "tracing used the fake"
+
+
+def test_stacked_linears_run_fp8_siblings_as_one_linear_over_the_stacked_weights():
+    """FP8 siblings (an Fp8Linear computing in float64 here, to compare exactly) get ONE call with the stacked weights
+    and bias; the split outputs and the gradients into the separate parameters equal the linears
+    run one by one. Plain nn.Linears and mixed classes run one by one."""
+    calls = []
+
+    from trainer.fp8 import stacked_linears
+
+    class WeightLinear(Fp8Linear):
+        def forward_weight(self, x, weight, bias=None):
+            calls.append(tuple(weight.shape))
+            return torch.nn.functional.linear(x, weight, bias)
+
+    g = torch.Generator().manual_seed(0)
+    linears = tuple(WeightLinear(32, n, bias=True).double() for n in (64, 16, 16))
+    for m in linears:
+        for p in m.parameters():
+            p.data = torch.randn(p.shape, generator=g, dtype=torch.float64)
+    x = torch.randn(3, 5, 32, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def run(fn):
+        for m in linears:
+            m.zero_grad()
+        x.grad = None
+        ys = fn()
+        sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
+        return [y.detach() for y in ys], [p.grad.clone() for m in linears for p in m.parameters()] + [x.grad.clone()]
+
+    fused_y, fused_g = run(lambda: stacked_linears(x, linears))
+    assert calls == [(96, 32)]
+    ref_y, ref_g = run(lambda: tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in linears))
+    assert [y.shape for y in fused_y] == [(3, 5, 64), (3, 5, 16), (3, 5, 16)]
+    for a, b in zip(fused_y + fused_g, ref_y + ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+    calls.clear()
+    plain = torch.nn.Linear(32, 8).double()
+    stacked_linears(x, (linears[0], plain))              # mixed classes: one by one
+    stacked_linears(x, (plain, torch.nn.Linear(32, 8).double()))  # plain linears: one by one
+    assert calls == [(64, 32)]                           # the FP8 one on its own weight alone: neither stacked

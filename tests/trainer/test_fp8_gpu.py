@@ -311,7 +311,8 @@ def test_step_weights_in_compiled_blocks_give_the_same_step():
     (every block shares the graph; the step copies are buffers, inputs to it)."""
 
     from trainer.fp8 import step_weights
-    from trainer.model import ModelConfig, build_model, stacked_weight, weight_stacks
+    from trainer.fp8 import stacked_weight, weight_stacks
+    from trainer.model import ModelConfig, build_model
 
     torch._dynamo.reset()
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]   # reset() keeps the counters

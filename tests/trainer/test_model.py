@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.model import (ModelConfig, build_model, count_params, dense_document_mask, document_block_mask, preset_config,
-                           sibling_linears, token_losses)
+                           token_losses)
 from trainer.optim import is_matrix_role, route_params
 
 TINY = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48, max_seq_len=64)
@@ -118,43 +118,3 @@ def test_forward_traces_without_graph_breaks(with_docs):
     explanation = dynamo.explain(model)(x, **kwargs)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
-
-
-def test_sibling_linears_stack_weights_for_linears_that_take_a_weight():
-    """Siblings exposing `forward_weight` (as Fp8Linear does) get ONE call with the stacked weights
-    and bias; the split outputs and the gradients into the separate parameters equal the linears
-    run one by one. Plain nn.Linears and mixed classes run one by one."""
-    calls = []
-
-    class WeightLinear(torch.nn.Linear):
-        def forward_weight(self, x, weight, bias=None):
-            calls.append(tuple(weight.shape))
-            return torch.nn.functional.linear(x, weight, bias)
-
-    g = torch.Generator().manual_seed(0)
-    linears = tuple(WeightLinear(32, n, bias=True).double() for n in (64, 16, 16))
-    for m in linears:
-        for p in m.parameters():
-            p.data = torch.randn(p.shape, generator=g, dtype=torch.float64)
-    x = torch.randn(3, 5, 32, generator=g, dtype=torch.float64, requires_grad=True)
-
-    def run(fn):
-        for m in linears:
-            m.zero_grad()
-        x.grad = None
-        ys = fn()
-        sum((y * (i + 1)).sum() for i, y in enumerate(ys)).backward()
-        return [y.detach() for y in ys], [p.grad.clone() for m in linears for p in m.parameters()] + [x.grad.clone()]
-
-    fused_y, fused_g = run(lambda: sibling_linears(x, linears))
-    assert calls == [(96, 32)]
-    ref_y, ref_g = run(lambda: tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in linears))
-    assert [y.shape for y in fused_y] == [(3, 5, 64), (3, 5, 16), (3, 5, 16)]
-    for a, b in zip(fused_y + fused_g, ref_y + ref_g):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-
-    calls.clear()
-    plain = torch.nn.Linear(32, 8).double()
-    sibling_linears(x, (linears[0], plain))              # mixed classes: one by one
-    sibling_linears(x, (plain, torch.nn.Linear(32, 8).double()))  # plain linears: one by one
-    assert calls == []                                   # neither stacked

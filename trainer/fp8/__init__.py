@@ -4,6 +4,7 @@
 from trainer.fp8.convert import convert_to_fp8, fp8_module_names, resolve_recipe
 from trainer.fp8.gemm import ScaledMmCaps, probe_scaled_mm
 from trainer.fp8.linear import Fp8Linear, fp8_linear, step_weights
+from trainer.fp8.modules import Fp8Attention, Fp8MLP, stacked_linears, stacked_weight, weight_stacks
 from trainer.fp8.quantize import (
     dequantize_1x128,
     dequantize_128x128,
@@ -15,6 +16,8 @@ from trainer.fp8.recipe import E4M3_MAX, GROUP, Fp8Recipe
 
 __all__ = [
     "E4M3_MAX",
+    "Fp8Attention",
+    "Fp8MLP",
     "GROUP",
     "Fp8Linear",
     "Fp8Recipe",
@@ -29,5 +32,8 @@ __all__ = [
     "quantize_1x128",
     "resolve_recipe",
     "scales_from_amax",
+    "stacked_linears",
+    "stacked_weight",
     "step_weights",
+    "weight_stacks",
 ]

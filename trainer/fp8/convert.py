@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from trainer.fp8 import gemm
 from trainer.fp8.linear import Fp8Linear
+from trainer.fp8.modules import swap_fp8_modules
 from trainer.fp8.recipe import Fp8Recipe
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def resolve_recipe(cfg: object = None) -> Fp8Recipe:
 
 def convert_to_fp8(model: nn.Module, cfg: object = None) -> nn.Module:
     """Replace, in place, every ``nn.Linear`` the recipe wants with an :class:`Fp8Linear` that
-    shares its parameters; return ``model``. Converting twice is a no-op. Raises if the model ends up
+    shares its parameters, and give the model's attention and MLP their FP8 forms
+    (``trainer.fp8.modules``: q|k|v as one stacked GEMM, the fused SwiGLU); return ``model``. Converting twice is a no-op. Raises if the model ends up
     with no FP8 linear at all (a model whose linears are not ``nn.Linear`` would otherwise silently
     train in BF16)."""
     recipe = resolve_recipe(cfg)
@@ -80,6 +82,7 @@ def convert_to_fp8(model: nn.Module, cfg: object = None) -> nn.Module:
             f"convert_to_fp8: no nn.Linear to convert in {type(model).__name__} "
             f"(kept in high precision: {kept or 'none'}); check the recipe's include/exclude patterns"
         )
+    swap_fp8_modules(model)
     if recipe.backend != "emulate" and torch.cuda.is_available():
         # find the cuBLAS layout once, eagerly, so that torch.compile later sees a settled choice
         device = next((p.device for p in model.parameters() if p.is_cuda), torch.device("cuda"))

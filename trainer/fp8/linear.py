@@ -397,7 +397,7 @@ class Fp8Linear(nn.Linear):
     @torch.no_grad()
     def set_step_weight(self, weight: torch.Tensor | None = None) -> None:
         """Quantize the weight this layer computes with (its own, or the stack of its siblings' weights that
-        `trainer.model.sibling_linears` passes) once, for every micro-batch of an optimizer step: the weights do
+        `trainer.fp8.modules.stacked_linears` passes) once, for every micro-batch of an optimizer step: the weights do
         not change between them. `clear_step_weight` ends it; the optimizer must not step in between."""
         w = self.weight if weight is None else weight
         backend, quantizer = _resolve(self.backend_pref, self.quantizer_pref, w, w)
@@ -422,7 +422,7 @@ class Fp8Linear(nn.Linear):
         return self.forward_weight(x, self.weight, self.bias)
 
     def forward_weight(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """This layer's recipe applied to another weight: `trainer.model.sibling_linears` passes the
+        """This layer's recipe applied to another weight: `trainer.fp8.modules.stacked_linears` passes the
         stacked weights of q, k, v (or gate, up) so that their shared input is quantized once."""
         return _fp8_linear(x, weight, bias, self.scale_format, self.backend_pref, self.quantizer_pref, self.gemm_pref,
                            self.step_weight(weight), self.step_grad_into(weight))
@@ -430,7 +430,7 @@ class Fp8Linear(nn.Linear):
     def forward_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor,
                        gate_up_owner: "Fp8Linear | None" = None) -> torch.Tensor | None:
         """This layer as the down projection of a SwiGLU MLP, ``self(silu(gate) * up)`` with
-        ``[gate | up] = x w_gate_up^T``, in one fused FP8 computation (`trainer.model.MLP` passes the
+        ``[gate | up] = x w_gate_up^T``, in one fused FP8 computation (`trainer.fp8.modules.Fp8MLP` passes the
         stacked gate and up weights, and the gate projection, which holds the stack's step copy). None where
         the fusion does not apply (a bias, or linears that resolve to different backends): the caller then
         runs the linears one by one."""
@@ -450,8 +450,8 @@ class Fp8Linear(nn.Linear):
 def step_weights(stacks: Iterable[tuple[nn.Module, ...]],
                  stack: Callable[[tuple[nn.Module, ...]], torch.Tensor], grads: bool = False) -> Iterator[int]:
     """Quantize each FP8 weight stack once for an optimizer step's micro-batches, instead of once a
-    micro-batch: a stack (``trainer.model.weight_stacks``) of ``Fp8Linear`` siblings is stacked by ``stack``
-    (``trainer.model.stacked_weight``, what the forward stacks) and quantized into its first linear's step copy
+    micro-batch: a stack (``trainer.fp8.modules.weight_stacks``) of ``Fp8Linear`` siblings is stacked by ``stack``
+    (``trainer.fp8.modules.stacked_weight``, what the forward stacks) and quantized into its first linear's step copy
     (`Fp8Linear.set_step_weight`), which every forward of the step then reads. Yields the number of copies made;
     the copies are dropped on exit (before the optimizer steps), even when the step raises.
 

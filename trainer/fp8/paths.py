@@ -32,9 +32,9 @@ class GemmPath:
 
 def gemm_shapes(model: nn.Module) -> list[tuple[str, int, int]]:
     """(linears, N, K) of each distinct FP8 weight a block GEMM of ``model`` (a ``trainer.model.Transformer``)
-    computes with: a stack of FP8 siblings as one stacked weight (as ``trainer.model.sibling_linears`` runs
+    computes with: a stack of FP8 siblings as one stacked weight (as ``trainer.fp8.modules.stacked_linears`` runs
     them), an FP8 linear of a mixed stack alone; named by the first block's linears."""
-    from trainer.model import weight_stacks
+    from trainer.fp8.modules import weight_stacks
 
     names = {id(m): name.rsplit(".", 1)[-1] for name, m in model.named_modules()}
     seen: dict[tuple[int, int], str] = {}
