@@ -53,6 +53,10 @@ class TokenStream(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
+    def steps_left(self) -> int | None:
+        """Global batches left before the stream runs out (None: it never does)."""
+        ...
+
 
 def doc_ids_from_eos(inputs: np.ndarray, eos_id: int) -> np.ndarray:
     """Document index per position: a new document starts after each EOS (EOS ends its document)."""
@@ -69,35 +73,29 @@ def positions_from_doc_ids(doc_ids: np.ndarray) -> np.ndarray:
     return t - start_idx
 
 
-def rank_share(global_batch: int, micro_batch: int, rank: int, world: int) -> tuple[int, int]:
-    """This rank's [start, stop) within a global batch of sequences, and the check that it divides."""
+def check_micro_batching(global_batch: int, micro_batch: int, world: int) -> None:
+    """A global batch must split into whole micro-batches on every rank."""
     if global_batch % (micro_batch * world):
         raise ValueError(f"train.global_batch ({global_batch}) must be a multiple of "
                          f"micro_batch x ranks ({micro_batch} x {world})")
+
+
+def rank_share(global_batch: int, micro_batch: int, rank: int, world: int) -> tuple[int, int]:
+    """This rank's [start, stop) within a global batch of sequences, and the check that it divides."""
+    check_micro_batching(global_batch, micro_batch, world)
     per_rank = global_batch // world
     return rank * per_rank, (rank + 1) * per_rank
 
 
-def make_micro_batches(windows: np.ndarray, micro_batch: int, loss_mask: np.ndarray | None,
-                       doc_ids: np.ndarray | None, with_positions: bool) -> list[MicroBatch]:
-    """windows: (n, T+1) tokens; loss_mask: (n, T+1) or (n, T) for targets; doc_ids: (n, T+1)."""
-    out = []
-    for i in range(0, windows.shape[0], micro_batch):
-        w = torch.from_numpy(np.ascontiguousarray(windows[i:i + micro_batch], dtype=np.int64))
-        inputs, targets = w[:, :-1], w[:, 1:]
-        mask = None
-        if loss_mask is not None:
-            m = loss_mask[i:i + micro_batch]
-            m = m[:, 1:] if m.shape[1] == windows.shape[1] else m
-            mask = torch.from_numpy(np.ascontiguousarray(m, dtype=np.float32))
-        d = pos = None
-        if doc_ids is not None:
-            dd = np.ascontiguousarray(doc_ids[i:i + micro_batch, :-1], dtype=np.int64)
-            d = torch.from_numpy(dd)
-            if with_positions:
-                pos = torch.from_numpy(positions_from_doc_ids(dd))
-        out.append(MicroBatch(inputs.contiguous(), targets.contiguous(), mask, d, pos))
-    return out
+def cut_micro_batches(micro_batch: int, inputs: np.ndarray, targets: np.ndarray, loss_mask: np.ndarray | None = None,
+                      doc_ids: np.ndarray | None = None, positions: np.ndarray | None = None) -> list[MicroBatch]:
+    """A rank's rows of a global batch, (n, T) arrays each, cut into micro-batches of `micro_batch` rows
+    (every stream's one cutter; the arrays keep their dtypes)."""
+    def rows(a: np.ndarray | None, i: int) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a[i:i + micro_batch]))
+
+    return [MicroBatch(rows(inputs, i), rows(targets, i), rows(loss_mask, i), rows(doc_ids, i), rows(positions, i))
+            for i in range(0, inputs.shape[0], micro_batch)]
 
 
 class SyntheticStream:
@@ -148,8 +146,13 @@ class SyntheticStream:
         base = self.next_sequence
         windows = self.sequences(base + self.start, self.stop - self.start)
         self.next_sequence = base + self.global_batch
-        doc_ids = doc_ids_from_eos(windows, EOS_SYNTHETIC) if self.with_documents else None
-        return make_micro_batches(windows, self.micro_batch, None, doc_ids, self.with_positions)
+        doc_ids = doc_ids_from_eos(windows[:, :-1], EOS_SYNTHETIC) if self.with_documents else None
+        positions = positions_from_doc_ids(doc_ids) if doc_ids is not None and self.with_positions else None
+        return cut_micro_batches(self.micro_batch, windows[:, :-1], windows[:, 1:], None, doc_ids, positions)
+
+    def steps_left(self) -> int | None:
+        """The synthetic stream never runs out."""
+        return None
 
     def state(self) -> dict[str, Any]:
         return {"kind": "synthetic", "seed": self.seed, "sample_seed": self.sample_seed,

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 from common import storage
 from common.errors import ContractError
 from common.hashing import sha256_file
-from trainer.data import MicroBatch
+from trainer.data import MicroBatch, check_micro_batching, cut_micro_batches
 
 
 class DataExhausted(RuntimeError):
@@ -34,20 +33,13 @@ def _tokenizer_arg(tokenizer: str | None):
     return load_tokenizer(tokenizer)
 
 
-def to_micro_batches(batch: dict[str, np.ndarray], micro_batch: int, use_mask: bool, with_documents: bool,
-                     with_positions: bool) -> list[MicroBatch]:
-    out = []
-    n = batch["input_ids"].shape[0]
-    for i in range(0, n, micro_batch):
-        sl = slice(i, i + micro_batch)
-        mask = torch.from_numpy(batch["loss_mask"][sl].astype(np.float32)) if use_mask else None
-        out.append(MicroBatch(
-            inputs=torch.from_numpy(np.ascontiguousarray(batch["input_ids"][sl])),
-            targets=torch.from_numpy(np.ascontiguousarray(batch["labels"][sl])),
-            loss_mask=mask,
-            doc_ids=torch.from_numpy(np.ascontiguousarray(batch["doc_ids"][sl])) if with_documents else None,
-            positions=torch.from_numpy(np.ascontiguousarray(batch["position_ids"][sl])) if with_positions else None))
-    return out
+def micro_batches(batch: dict[str, np.ndarray], micro_batch: int, use_mask: bool, with_documents: bool,
+                  with_positions: bool) -> list[MicroBatch]:
+    """A reader batch's arrays (the ones this run uses) through the one cutter."""
+    mask = batch["loss_mask"].astype(np.float32) if use_mask else None
+    return cut_micro_batches(micro_batch, batch["input_ids"], batch["labels"], mask,
+                             batch["doc_ids"] if with_documents else None,
+                             batch["position_ids"] if with_positions else None)
 
 
 class ShardStream:
@@ -59,9 +51,7 @@ class ShardStream:
                  seq_len: int | None = None, loop: bool = False):
         from mixtures import ShardReader
 
-        if global_batch % (micro_batch * world):
-            raise ValueError(f"train.global_batch ({global_batch}) must be a multiple of "
-                             f"micro_batch x ranks ({micro_batch} x {world})")
+        check_micro_batching(global_batch, micro_batch, world)
         self.path = storage.path(path)
         self.reader = ShardReader(path, global_batch_size=global_batch, seq_len=seq_len, rank=rank, world_size=world,
                                   tokenizer=_tokenizer_arg(tokenizer), verify_hashes=verify_hashes, loop=loop)
@@ -90,7 +80,7 @@ class ShardStream:
             raise DataExhausted(f"{self.path}: the shard set is exhausted after {self.reader.steps_per_epoch} steps "
                                 f"of {self.reader.tokens_per_step} tokens (set data.loop: true to repeat it)") from None
         use_mask = self.sft or not bool(batch["loss_mask"].all())
-        return to_micro_batches(batch, self.micro_batch, use_mask, self.with_documents, self.with_positions)
+        return micro_batches(batch, self.micro_batch, use_mask, self.with_documents, self.with_positions)
 
     def state(self) -> dict[str, Any]:
         return self.reader.state_dict()
@@ -105,7 +95,7 @@ def eval_micro_batches(path: str | os.PathLike, *, micro_batch: int, rank: int, 
     ev = EvalReader(path, batch_size=micro_batch, seq_len=seq_len, rank=rank, world_size=world,
                     tokenizer=_tokenizer_arg(tokenizer), max_windows=max_windows)
     for batch in ev:
-        yield from to_micro_batches(batch, micro_batch, True, with_documents, with_positions)
+        yield from micro_batches(batch, micro_batch, True, with_documents, with_positions)
 
 
 def shard_set_tokenizer(path: str | os.PathLike) -> tuple[Path | None, str | None]:
