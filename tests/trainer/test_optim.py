@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from trainer.model import ModelConfig, build_model, preset_config
+from tests.trainer.placement import place_greedy, place_zigzag, placement_loads, water_fill
 from trainer.optim import (MATRIX_ROLES, NS_COEFFS, MatrixOptimizer, OptimConfig, build_optimizer,
                            elr_aligned_update, gram_iterations, hyperball_update, muon_update, nesterov_momentum_,
-                           newton_schulz, ns_dtype_for, param_role, place_greedy, place_zigzag, placement_loads,
-                           route_params, water_fill)
+                           newton_schulz, ns_dtype_for, param_role, route_params)
 
 TINY = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48, max_seq_len=32)
 
