@@ -265,13 +265,14 @@ def profile_loop(cfg_path: Path, out: Path, steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+    import trainer.step as ts
     import trainer.train as tt
     from trainer.config import load_run_config
 
     cfg = load_run_config(str(cfg_path), [])
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                    schedule=schedule(wait=1, warmup=0, active=steps, repeat=1))
-    step_call, lce = tt.Stepper.__call__, tt.linear_cross_entropy_sum
+    step_call, lce = tt.Stepper.__call__, ts.linear_cross_entropy_sum
     clip = torch.nn.utils.clip_grad_norm_
 
     def stepped(self, *a, **k):
@@ -287,7 +288,7 @@ def profile_loop(cfg_path: Path, out: Path, steps: int) -> dict:
 
     from trainer import optim
     tt.Stepper.__call__ = stepped
-    tt.linear_cross_entropy_sum = ranged("gpu_loop/loss", lce)
+    ts.linear_cross_entropy_sum = ranged("gpu_loop/loss", lce)
     torch.nn.utils.clip_grad_norm_ = ranged("gpu_loop/clip", clip)
     optim.CombinedOptimizer.step = ranged("gpu_loop/optimizer", optim.CombinedOptimizer.step)
     with prof:

@@ -35,25 +35,22 @@ def run_config(run_dir: str, precision: str):
 
 
 def step_parts(cfg):
-    """The loop's parts for `cfg`: a function that runs optimizer step `step` (0-based) as the loop does."""
-    from trainer.train import Dist, Stepper, build, open_stream, resolve_precision, resolve_start
-    from trainer.schedules import lr_at
+    """The loop's parts for `cfg`: a function that runs optimizer step `step + 1` over a global batch as the
+    loop does (`Stepper.take`: learning rates, counted targets, effective-LR measurement, the step), and the stream."""
+    from trainer.runtime import Dist, resolve_precision
+    from trainer.start import resolve_start
+    from trainer.step import Stepper, build
+    from trainer.stream import open_stream
 
     dist_ = Dist(cfg.device)
     precision = resolve_precision(cfg.precision, dist_.device)
     start = resolve_start(cfg, Path(cfg.run_dir) / "checkpoints")
     stream = open_stream(cfg, 0, 1, start.cursor, cfg.train.global_batch, cfg.train.micro_batch)
     built = build(cfg, start, dist_, precision, stream.vocab_size, stream.seq_len)
-    stepper = Stepper(built, cfg, dist_, precision)
-    tokens_per_step = cfg.train.global_batch * stream.seq_len
+    stepper = Stepper(built, cfg, dist_, precision, start, cfg.train.global_batch * stream.seq_len)
 
     def run_step(step: int, micro):
-        lr_base = lr_at(start.schedule, step, total_steps=start.total_steps, tokens_per_step=tokens_per_step,
-                        start_step=start.start_step)
-        built.optimizer.set_lr(lr_base)
-        (count,) = dist_.all_reduce_sum([float(sum(mb.n_loss_tokens for mb in micro))])
-        built.optimizer.measure_effective_lr(True)          # CPU runs take a detail step every step
-        return stepper(micro, max(count, 1.0), True)
+        return stepper.take(step, 0, lambda: micro)
 
     return run_step, stream
 

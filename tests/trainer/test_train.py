@@ -222,7 +222,7 @@ def test_a_non_finite_loss_stops_before_any_checkpoint_after_it(shard_sets, tmp_
     """The loop reads each step's loss one step late (after the next step is queued); a NaN in step 4
     is read while step 5 runs and stops the run naming step 4, with steps 1-3 recorded and no
     checkpoint from step 4 on (the step-6 checkpoint is never written)."""
-    import trainer.train as loop
+    import trainer.step as loop
 
     calls = {"n": 0}
     real = loop.micro_loss_sum
