@@ -19,7 +19,7 @@ import yaml
 from common.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config
-from trainer.model import ModelConfig, build_model, token_losses
+from trainer.model import build_model, token_losses
 from trainer.train import train
 
 from .conftest import run_config
