@@ -15,7 +15,9 @@ classes, so a domain generator adds its own in a few lines:
 `keep` is datatrove's base-filter habit: the check returns None (keep) or the reason, and the
 base class rejects, quarantines and counts; `check` runs a pure function in the check pool
 (another process, under a time limit), `ask` sends a request to a teacher role with a derived
-seed, `add_candidate` and `record` build the row's candidates and its contract-6 records.
+seed, `add_candidate` and `record` build the row's candidates and its contract-6 records, and
+`sample` is the opening most domain steps share: ask the step's teacher with its template, once per
+`Ask`, and add the replies as candidates in request order.
 
 A row is one prompt travelling through the steps: its source `fields` (prompt, reference, ...),
 named candidate lists that `generate` fills (one candidate per sampled response), and the
@@ -111,6 +113,15 @@ class Row:
         self.rejects.append({"prompt_id": self.id, "step": step, "reason": reason, "level": "prompt"})
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One request of `Step.sample`: the fields its template is rendered over, its key within the
+    row (which seeds the request), and what the reply's candidate starts with in `parsed`."""
+    fields: dict[str, Any]
+    key: tuple[Any, ...]
+    parsed: dict[str, Any] = field(default_factory=dict)
+
+
 class RowError(RuntimeError):
     """A prompt could not be processed this run (e.g. a request failed after every retry). The
     row is not journaled, so the next run retries it."""
@@ -194,7 +205,8 @@ class Step(_Base, abc.ABC):
     """A per-prompt step. Subclasses define `Config` (a `StrictModel`) and `async apply(row)`.
 
     `self.env` gives the run: `env.backend(role)`, `env.generator` (the config), `env.seed`.
-    The base class owns what every step does: `ask` a teacher, `add_candidate`, `keep` the
+    The base class owns what every step does: `ask` a teacher, `add_candidate`, `sample` (both,
+    for a step whose Config has `teacher`, `template` and `params`), `keep` the
     candidates a check passes (rejecting and counting the rest), `check` in the check pool,
     `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest.
     """
@@ -286,6 +298,17 @@ class Step(_Base, abc.ABC):
                       teacher=self.teacher_info(role, params, seed), parsed=dict(parsed))
         cands.append(c)
         return c
+
+    async def sample(self, row: Row, field: str, *asks: Ask, text: Callable[[str], str] = lambda reply: reply) -> list[Candidate]:
+        """Ask the step's teacher (`cfg.teacher`, under `cfg.params`) once per `Ask`, concurrently: the
+        step's `cfg.template` rendered over the ask's fields as one user message, seeded by its key.
+        Each reply (through `text`) becomes a candidate of `field`, in the order of the asks."""
+        role, params = self.cfg.teacher, self.cfg.params
+        results = await asyncio.gather(*(
+            self.ask(row, role, [{"role": "user", "content": render(self.cfg.template, a.fields)}], *a.key, params=params)
+            for a in asks))
+        return [self.add_candidate(row, field, text(res.content), role, params, res, self.request_seed(row, *a.key), **a.parsed)
+                for a, res in zip(asks, results)]
 
     # ---- records -----------------------------------------------------------------------------
     def record(self, row: Row, key: Iterable[Any], messages: list[dict[str, Any]], *,

@@ -22,7 +22,6 @@ near-duplicate questions), then the engine's `clean`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import re
@@ -37,7 +36,7 @@ from common.records import SynthRecord, Verification
 from synth.checkpool import CheckTimeout
 from synth.domains import finance_validate as fv
 from synth.domains.seeds import load_companies, load_finance_templates, read_seed_file, resolve_seed_path
-from synth.pipeline import Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
 from synth.steps import JudgeParams
 
 MAX_PARAPHRASES = 3          # §3.1.1: up to 3 distinct phrasings per combination
@@ -229,24 +228,20 @@ class FinanceAnswers(Step):
     async def apply(self, row: Row) -> None:
         questions = self.alive(row, "question")
         calc = CALC_INSTRUCTION if row.fields.get("numeric") else ""
-        jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
-        results = await asyncio.gather(*(
-            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
-                row, question=q.text, calc_instruction=calc))}], "answer", q.index, j, params=self.cfg.params)
-            for q, j in jobs))
+        cands = await self.sample(row, "answer", *(Ask(_fields(row, question=q.text, calc_instruction=calc), ("answer", q.index, j),
+                                                       {"question": q.index, "candidate_idx": j})
+                                                   for q in questions for j in range(self.cfg.n)))
         kept = 0
-        for (q, j), res in zip(jobs, results):
-            c = self.add_candidate(row, "answer", res.content, self.cfg.teacher, self.cfg.params, res,
-                              self.request_seed(row, "answer", q.index, j), question=q.index, candidate_idx=j,
-                              final_answer=fv.parse_final_answer(res.content))
-            why = "truncated at max_tokens" if res.finish_reason == "length" else (
+        for c in cands:
+            c.parsed["final_answer"] = fv.parse_final_answer(c.text)
+            why = "truncated at max_tokens" if c.result.finish_reason == "length" else (
                 None if c.parsed["final_answer"] else "no 'Answer:' line")
             if why:
                 c.parsed["format_problem"] = why
             else:
                 kept += 1
         # candidates stay listed (GenSelect sees exactly n per question); the format verdict decides eligibility
-        self.count(row, len(jobs), kept)
+        self.count(row, len(cands), kept)
 
 
 @register_step("finance_arithmetic")

@@ -12,7 +12,6 @@ Per seed question of a user-supplied MCQ set, the steps of `mcq.yaml`:
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Iterator
 
 from pydantic import Field
@@ -20,7 +19,7 @@ from pydantic import Field
 from synth.domains import mcq_validate as mv
 from common.config import StrictModel
 from synth.domains.seeds import load_mcq_seeds
-from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step
 from common.records import Verification
 
 
@@ -60,11 +59,8 @@ class McqGenerate(Step):
         params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 300})
 
     async def apply(self, row: Row) -> None:
-        results = await asyncio.gather(*(
-            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, dict(row.fields, variant=i + 1))}],
-                "question", i, params=self.cfg.params) for i in range(self.cfg.n)))
-        cands = [self.add_candidate(row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
-                                    self.request_seed(row, "question", i), variant=i) for i, res in enumerate(results)]
+        cands = await self.sample(row, "question", *(Ask(dict(row.fields, variant=i + 1), ("question", i), {"variant": i})
+                                                     for i in range(self.cfg.n)))
         await self.keep(row, cands, lambda c: self.parse(c, row))
 
     @staticmethod
@@ -94,18 +90,12 @@ class McqSolve(Step):
     async def apply(self, row: Row) -> None:
         questions = self.alive(row, "question")
         jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
-        results = await asyncio.gather(*(
-            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, {
-                "question": mv.Mcq(**q.parsed["mcq"]).render()})}], "solve", q.index, j, params=self.cfg.params)
-            for q, j in jobs))
+        cands = await self.sample(row, "solution", *(Ask({"question": mv.Mcq(**q.parsed["mcq"]).render()}, ("solve", q.index, j),
+                                                         {"question": q.index, "sample": j}) for q, j in jobs))
         by_q: dict[int, list[Any]] = {}
-        for (q, j), res in zip(jobs, results):
+        for (q, _), c in zip(jobs, cands):
             mcq = mv.Mcq(**q.parsed["mcq"])
-            choice = mv.parse_choice(res.content, list(mcq.options))
-            if res.finish_reason == "length":
-                choice = None
-            c = self.add_candidate(row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
-                              self.request_seed(row, "solve", q.index, j), question=q.index, sample=j, choice=choice)
+            c.parsed["choice"] = None if c.result.finish_reason == "length" else mv.parse_choice(c.text, list(mcq.options))
             by_q.setdefault(q.index, []).append(c)
         n_kept_q = 0
         for q in questions:

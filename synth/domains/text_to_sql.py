@@ -42,7 +42,7 @@ from synth.domains import sql_servers
 from synth.domains import sql_validate as sv
 from synth.domains.seeds import load_sql_taxonomy
 from synth.domains.sql_engines import results_match
-from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, render
 from synth.steps import JudgeParams, RubricCfg, score_rubric
 from synth.verify import Outcome, register_verifier
 
@@ -204,11 +204,8 @@ class SqlSchema(Step):
 
     async def apply(self, row: Row) -> None:
         fields = dict(row.fields, min_tables=self.cfg.min_tables, max_tables=self.cfg.max_tables)
-        msgs = [{"role": "user", "content": render(self.cfg.template, fields)}]
-        res = await self.ask(row, self.cfg.teacher, msgs, "schema", params=self.cfg.params)
-        c = self.add_candidate(row, "schema", res.content, self.cfg.teacher, self.cfg.params, res,
-                          self.request_seed(row, "schema"))
-        await self.keep(row, [c], lambda c: self.usable(c, row.fields["dialect"]))
+        cands = await self.sample(row, "schema", Ask(fields, ("schema",)))
+        await self.keep(row, cands, lambda c: self.usable(c, row.fields["dialect"]))
 
     def usable(self, c: Candidate, dialect: str) -> str | None:
         why = None
@@ -243,12 +240,9 @@ class SqlTask(Step):
             return
         s = schemas[0]
         fields = dict(row.fields, schema_ddl=s.parsed["ddl"].strip(), rows_sql=s.parsed["rows_sql"].strip())
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
-                        "task", params=self.cfg.params)
-        c = self.add_candidate(row, "task", res.content, self.cfg.teacher, self.cfg.params, res,
-                          self.request_seed(row, "task"), ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"],
-                          schema_teacher=s.teacher, checks=[])
-        await self.keep(row, [c], self.parse)
+        cands = await self.sample(row, "task", Ask(fields, ("task",), dict(ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"],
+                                                                             schema_teacher=s.teacher, checks=[])))
+        await self.keep(row, cands, self.parse)
 
     @staticmethod
     def parse(c: Candidate) -> str | None:

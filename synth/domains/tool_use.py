@@ -42,7 +42,7 @@ from synth.domains import tool_sim
 from synth.domains.mcp_tools import McpServerConfig, McpTools, ToolsConfig, list_tools_now
 from synth.domains.seeds import Toolset, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems
-from synth.pipeline import Candidate, Row, RowError, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, RowError, Step, register_source, register_step, render
 from synth.steps import JudgeParams, judge_pass_fail
 
 TYPE_INSTRUCTIONS = {
@@ -182,11 +182,8 @@ class ToolQuery(Step):
         max_chars: int = 1200
 
     async def apply(self, row: Row) -> None:
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(row))}],
-                        "query", params=self.cfg.params)
-        text = res.content.strip().strip('"').strip()
-        c = self.add_candidate(row, "query", text, self.cfg.teacher, self.cfg.params, res, self.request_seed(row, "query"))
-        await self.keep(row, [c], self.problem)
+        cands = await self.sample(row, "query", Ask(_fields(row), ("query",)), text=lambda reply: reply.strip().strip('"').strip())
+        await self.keep(row, cands, self.problem)
 
     def problem(self, c: Candidate) -> str | None:
         if "<tool_call>" in c.text:
