@@ -34,7 +34,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar, Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from common.config import StrictModel, validate
 from common.hashing import stable_id
@@ -122,6 +122,14 @@ class Ask:
     parsed: dict[str, Any] = field(default_factory=dict)
 
 
+def sampling_config(teacher: str, template: str, **params: Any) -> type[StrictModel]:
+    """The Config base of a step that asks one teacher with one template (`Step.ask_template`,
+    `Step.sample`): `teacher` (the role), `template` and the request `params`, with the step's
+    defaults. `class Config(sampling_config("solver", SOLVE_PROMPT, temperature=0.7)): n: int = 4`."""
+    return create_model("SamplingConfig", __base__=StrictModel, teacher=(str, teacher), template=(str, template),
+                        params=(dict[str, Any], Field(default_factory=lambda: dict(params))))
+
+
 class RowError(RuntimeError):
     """A prompt could not be processed this run (e.g. a request failed after every retry). The
     row is not journaled, so the next run retries it."""
@@ -205,8 +213,8 @@ class Step(_Base, abc.ABC):
     """A per-prompt step. Subclasses define `Config` (a `StrictModel`) and `async apply(row)`.
 
     `self.env` gives the run: `env.backend(role)`, `env.generator` (the config), `env.seed`.
-    The base class owns what every step does: `ask` a teacher, `add_candidate`, `sample` (both,
-    for a step whose Config has `teacher`, `template` and `params`), `keep` the
+    The base class owns what every step does: `ask` a teacher, `add_candidate`, (for a step whose
+    Config is a `sampling_config`) `ask_template` and `sample` (both at once), `keep` the
     candidates a check passes (rejecting and counting the rest), `check` in the check pool,
     `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest.
     """
@@ -299,16 +307,19 @@ class Step(_Base, abc.ABC):
         cands.append(c)
         return c
 
-    async def sample(self, row: Row, field: str, *asks: Ask, text: Callable[[str], str] = lambda reply: reply) -> list[Candidate]:
-        """Ask the step's teacher (`cfg.teacher`, under `cfg.params`) once per `Ask`, concurrently: the
-        step's `cfg.template` rendered over the ask's fields as one user message, seeded by its key.
-        Each reply (through `text`) becomes a candidate of `field`, in the order of the asks."""
-        role, params = self.cfg.teacher, self.cfg.params
-        results = await asyncio.gather(*(
-            self.ask(row, role, [{"role": "user", "content": render(self.cfg.template, a.fields)}], *a.key, params=params)
-            for a in asks))
-        return [self.add_candidate(row, field, text(res.content), role, params, res, self.request_seed(row, *a.key), **a.parsed)
-                for a, res in zip(asks, results)]
+    async def ask_template(self, row: Row, fields: dict[str, Any], *key: Any) -> ChatResult:
+        """`ask` the step's teacher (`cfg.teacher`, under `cfg.params`) one user message: the step's
+        `cfg.template` rendered over `fields`, seeded by `key`."""
+        return await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}], *key,
+                              params=self.cfg.params)
+
+    async def sample(self, row: Row, field: str, *asks: Ask,
+                     text: Callable[[str], str] = lambda reply: reply) -> list[Candidate]:
+        """`ask_template` once per `Ask` (its fields and key), concurrently; each reply (through
+        `text`) becomes a candidate of `field` with the ask's `parsed`, in the order of the asks."""
+        results = await asyncio.gather(*(self.ask_template(row, a.fields, *a.key) for a in asks))
+        return [self.add_candidate(row, field, text(res.content), self.cfg.teacher, self.cfg.params, res,
+                                   self.request_seed(row, *a.key), **a.parsed) for a, res in zip(asks, results)]
 
     # ---- records -----------------------------------------------------------------------------
     def record(self, row: Row, key: Iterable[Any], messages: list[dict[str, Any]], *,

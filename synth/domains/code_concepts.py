@@ -36,7 +36,8 @@ from synth.domains import code_validate as cv
 from common.config import StrictModel
 from synth.domains.seeds import load_concepts
 from synth.checkpool import CheckTimeout
-from synth.pipeline import Ask, Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
+from synth.pipeline import (Ask, Candidate, PostStep, Row, Step, register_post_step, register_source,
+                           register_step, render, sampling_config)
 from synth.verify import Outcome, register_verifier
 from common.records import SynthRecord, Verification
 
@@ -99,11 +100,8 @@ Answer with one ```python block containing the whole function."""
 
 @register_step("code_problems")
 class CodeProblems(Step):
-    class Config(StrictModel):
-        teacher: str = "problem_teacher"
-        template: str = PROBLEM_PROMPT
+    class Config(sampling_config("problem_teacher", PROBLEM_PROMPT, temperature=0.9, max_tokens=700)):
         n: int = Field(default=5, ge=1, le=MAX_PROBLEMS)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 700})
         title_min_words: int = 5
         title_max_words: int = 8
 
@@ -126,12 +124,9 @@ class CodeProblems(Step):
 
 @register_step("code_solutions")
 class CodeSolutions(Step):
-    class Config(StrictModel):
-        teacher: str = "solution_teacher"
-        template: str = SOLUTION_PROMPT
+    class Config(sampling_config("solution_teacher", SOLUTION_PROMPT, temperature=0.7, max_tokens=900)):
         n: int = Field(default=5, ge=1, le=MAX_SOLUTIONS)
         max_lines: int = cv.MAX_SOLUTION_LINES
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 900})
 
     async def apply(self, row: Row) -> None:
         problems = self.alive(row, "problem")

@@ -19,7 +19,7 @@ from pydantic import Field
 from synth.domains import mcq_validate as mv
 from common.config import StrictModel
 from synth.domains.seeds import load_mcq_seeds
-from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step
+from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, sampling_config
 from common.records import Verification
 
 
@@ -52,11 +52,8 @@ SOLVE_PROMPT = """Answer this multiple-choice question. First explain the knowle
 
 @register_step("mcq_generate")
 class McqGenerate(Step):
-    class Config(StrictModel):
-        teacher: str = "generator"
-        template: str = GENERATE_PROMPT
+    class Config(sampling_config("generator", GENERATE_PROMPT, temperature=0.9, max_tokens=300)):
         n: int = Field(default=3, ge=1)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 300})
 
     async def apply(self, row: Row) -> None:
         cands = await self.sample(row, "question", *(Ask(dict(row.fields, variant=i + 1), ("question", i), {"variant": i})
@@ -80,18 +77,16 @@ class McqGenerate(Step):
 class McqSolve(Step):
     """N solutions per question; keep the traces agreeing with a strict majority (and the key)."""
 
-    class Config(StrictModel):
-        teacher: str = "solver"
-        template: str = SOLVE_PROMPT
+    class Config(sampling_config("solver", SOLVE_PROMPT, temperature=0.7, max_tokens=400)):
         n: int = Field(default=4, ge=3)
         require_key_agreement: bool = True
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 400})
 
     async def apply(self, row: Row) -> None:
         questions = self.alive(row, "question")
         jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
-        cands = await self.sample(row, "solution", *(Ask({"question": mv.Mcq(**q.parsed["mcq"]).render()}, ("solve", q.index, j),
-                                                         {"question": q.index, "sample": j}) for q, j in jobs))
+        cands = await self.sample(row, "solution", *(
+            Ask({"question": mv.Mcq(**q.parsed["mcq"]).render()}, ("solve", q.index, j), {"question": q.index, "sample": j})
+            for q, j in jobs))
         by_q: dict[int, list[Any]] = {}
         for (q, _), c in zip(jobs, cands):
             mcq = mv.Mcq(**q.parsed["mcq"])

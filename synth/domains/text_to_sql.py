@@ -42,7 +42,7 @@ from synth.domains import sql_servers
 from synth.domains import sql_validate as sv
 from synth.domains.seeds import load_sql_taxonomy
 from synth.domains.sql_engines import results_match
-from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, render, sampling_config
 from synth.steps import JudgeParams, RubricCfg, score_rubric
 from synth.verify import Outcome, register_verifier
 
@@ -195,10 +195,7 @@ DEFAULT_RUBRICS = [
 class SqlSchema(Step):
     """The teacher writes DDL and sample rows; keep them if they parse and load."""
 
-    class Config(StrictModel):
-        teacher: str = "teacher"
-        template: str = SCHEMA_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 1500})
+    class Config(sampling_config("teacher", SCHEMA_PROMPT, temperature=0.7, max_tokens=1500)):
         min_tables: int = 2
         max_tables: int = 4
 
@@ -228,10 +225,7 @@ class SqlSchema(Step):
 class SqlTask(Step):
     """The teacher writes the request and the gold query for the surviving schema."""
 
-    class Config(StrictModel):
-        teacher: str = "teacher"
-        template: str = TASK_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 700})
+    Config = sampling_config("teacher", TASK_PROMPT, temperature=0.7, max_tokens=700)
 
     async def apply(self, row: Row) -> None:
         schemas = self.alive(row, "schema")
@@ -240,8 +234,8 @@ class SqlTask(Step):
             return
         s = schemas[0]
         fields = dict(row.fields, schema_ddl=s.parsed["ddl"].strip(), rows_sql=s.parsed["rows_sql"].strip())
-        cands = await self.sample(row, "task", Ask(fields, ("task",), dict(ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"],
-                                                                             schema_teacher=s.teacher, checks=[])))
+        parsed = dict(ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"], schema_teacher=s.teacher, checks=[])
+        cands = await self.sample(row, "task", Ask(fields, ("task",), parsed))
         await self.keep(row, cands, self.parse)
 
     @staticmethod

@@ -42,7 +42,7 @@ from synth.domains import tool_sim
 from synth.domains.mcp_tools import McpServerConfig, McpTools, ToolsConfig, list_tools_now
 from synth.domains.seeds import Toolset, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems
-from synth.pipeline import Ask, Candidate, Row, RowError, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, RowError, Step, register_source, register_step, render, sampling_config
 from synth.steps import JudgeParams, judge_pass_fail
 
 TYPE_INSTRUCTIONS = {
@@ -174,15 +174,13 @@ ASSISTANT_PREAMBLE = "You are a helpful assistant."
 class ToolQuery(Step):
     """The User model writes the task message."""
 
-    class Config(StrictModel):
-        teacher: str = "user"
-        template: str = QUERY_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.8, "max_tokens": 200})
+    class Config(sampling_config("user", QUERY_PROMPT, temperature=0.8, max_tokens=200)):
         min_chars: int = 15
         max_chars: int = 1200
 
     async def apply(self, row: Row) -> None:
-        cands = await self.sample(row, "query", Ask(_fields(row), ("query",)), text=lambda reply: reply.strip().strip('"').strip())
+        cands = await self.sample(row, "query", Ask(_fields(row), ("query",)),
+                                  text=lambda reply: reply.strip().strip('"').strip())
         await self.keep(row, cands, self.problem)
 
     def problem(self, c: Candidate) -> str | None:
