@@ -216,7 +216,8 @@ class Step(_Base, abc.ABC):
     The base class owns what every step does: `ask` a teacher, `add_candidate`, (for a step whose
     Config is a `sampling_config`) `ask_template` and `sample` (both at once), `keep` the
     candidates a check passes (rejecting and counting the rest), `check` in the check pool,
-    `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest.
+    `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest, and
+    `alive` / `first_alive` to read what earlier steps kept.
     """
 
     @abc.abstractmethod
@@ -230,6 +231,15 @@ class Step(_Base, abc.ABC):
     @staticmethod
     def alive(row: Row, field_name: str) -> list[Candidate]:
         return [c for c in row.candidates.get(field_name, []) if c.alive]
+
+    def first_alive(self, row: Row, field_name: str) -> Candidate | None:
+        """The first alive candidate of a field (what a later step builds on); None when there is
+        none, and then the step counts (0 in, 0 out), so the manifest still lists it."""
+        cands = self.alive(row, field_name)
+        if not cands:
+            self.count(row, 0, 0)
+            return None
+        return cands[0]
 
     def reject(self, row: Row, cand: Candidate, reason: str) -> None:
         cand.alive = False

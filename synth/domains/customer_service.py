@@ -28,7 +28,7 @@ from synth.domains.seeds import load_domains
 from synth.domains.tool_use import SimCfg, resolve_tool_protocol, sim_callables, system_prompt, tool_list
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, tool_definition_problems
 from synth.pipeline import Row, Step, register_source, register_step, render, sampling_config
-from synth.steps import JudgeParams, judge_pass_fail
+from synth.steps import JudgeParams, judge_candidate, judge_pass_fail
 
 
 # ---- conversational (customer-service) pipeline: source ----------------------------------------
@@ -240,11 +240,8 @@ class CsPolicyTools(Step):
         prompt = render(self.cfg.judge_template, dict(fields, policy=policy, tool_names=", ".join(t["function"]["name"] for t in tools),
                                                       example_policy=example.policy if example else "(none)",
                                                       example_tools=", ".join(t["function"]["name"] for t in (example.tools or [])) if example else ""))
-        verdict, why = await judge_pass_fail(self, row, self.cfg.judge, prompt, "setup_judge")
-        c.parsed["setup_judgement"] = {"pass": bool(verdict), "reason": why}
-        if not verdict:
-            self.reject(row, c, f"setup judge: {why}")
-        self.count(row, 1, 1 if verdict else 0)
+        await self.keep(row, [c], lambda c: judge_candidate(self, row, self.cfg.judge, prompt, c, "setup_judgement", "setup judge",
+                                                            "setup_judge"))
 
 
 @register_step("cs_scenarios")
@@ -253,11 +250,9 @@ class CsScenarios(Step):
         n_scenarios: int = 3
 
     async def apply(self, row: Row) -> None:
-        setups = self.alive(row, "setup")
-        if not setups:
-            self.count(row, 0, 0)
+        s = self.first_alive(row, "setup")
+        if s is None:
             return
-        s = setups[0]
         fields = dict(row.fields, policy=s.parsed["policy"], tool_list=tool_list(s.parsed["tools"]), n_scenarios=self.cfg.n_scenarios)
         res = await self.ask_template(row, fields, "scenarios")
         try:

@@ -228,11 +228,9 @@ class SqlTask(Step):
     Config = sampling_config("teacher", TASK_PROMPT, temperature=0.7, max_tokens=700)
 
     async def apply(self, row: Row) -> None:
-        schemas = self.alive(row, "schema")
-        if not schemas:
-            self.count(row, 0, 0)
+        s = self.first_alive(row, "schema")
+        if s is None:
             return
-        s = schemas[0]
         fields = dict(row.fields, schema_ddl=s.parsed["ddl"].strip(), rows_sql=s.parsed["rows_sql"].strip())
         parsed = dict(ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"], schema_teacher=s.teacher, checks=[])
         cands = await self.sample(row, "task", Ask(fields, ("task",), parsed))

@@ -43,7 +43,7 @@ from synth.domains.mcp_tools import McpServerConfig, McpTools, ToolsConfig, list
 from synth.domains.seeds import Toolset, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems
 from synth.pipeline import Ask, Candidate, Row, RowError, Step, register_source, register_step, render, sampling_config
-from synth.steps import JudgeParams, judge_pass_fail
+from synth.steps import JudgeParams, judge_candidate, judge_pass_fail
 
 TYPE_INSTRUCTIONS = {
     "single_turn": "Everything needed is in this one message; the assistant can finish the task in one reply (after calling tools if needed).",
@@ -200,12 +200,8 @@ class ToolQueryGate(Step):
         template: str = GATE_PROMPT
 
     async def apply(self, row: Row) -> None:
-        async def gate(c: Candidate) -> str | None:
-            verdict, why = await judge_pass_fail(self, row, self.cfg.judge, render(self.cfg.template, _fields(row, query=c.text)), c.index)
-            c.parsed["query_gate"] = {"pass": bool(verdict), "reason": why}
-            return None if verdict else f"query gate: {why}"
-
-        await self.keep(row, "query", gate)
+        await self.keep(row, "query", lambda c: judge_candidate(
+            self, row, self.cfg.judge, render(self.cfg.template, _fields(row, query=c.text)), c, "query_gate", "query gate", c.index))
 
 
 class SimCfg(StrictModel):
@@ -359,9 +355,7 @@ class ToolTrajectoryJudge(Step):
     async def apply(self, row: Row) -> None:
         async def judge(c: Candidate) -> str | None:
             prompt = render(self.cfg.template, _fields(row, transcript=tool_sim.transcript(c.parsed["messages"])))
-            verdict, why = await judge_pass_fail(self, row, self.cfg.judge, prompt, c.index)
-            c.parsed["trajectory_judgement"] = {"pass": bool(verdict), "reason": why}
-            return None if verdict else f"trajectory judge: {why}"
+            return await judge_candidate(self, row, self.cfg.judge, prompt, c, "trajectory_judgement", "trajectory judge", c.index)
 
         await self.keep(row, "trajectory", judge)
 
