@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TypeVar
 
@@ -35,6 +36,12 @@ def validate(model: type[C], data: Any, path: str | os.PathLike | None = None) -
         return model.model_validate(data)
     except ValidationError as e:
         raise contract_error(e, path) from None
+
+
+def repeated(values: Iterable[Any]) -> list[Any]:
+    """The values that occur more than once, sorted: what a "must be unique" check names."""
+    counts = Counter(values)
+    return sorted(v for v, n in counts.items() if n > 1)
 
 
 def contract_error(e: ValidationError, path: str | os.PathLike | None) -> ContractError:

@@ -259,19 +259,25 @@ class Conversation:
     tools: list[dict[str, Any]] | None
 
 
+def json_mapping(value: Any) -> dict[str, Any] | None:
+    """`value` as a mapping: itself, or what it decodes to when it is JSON text (as parquet exports
+    and server endpoints carry nested objects); None when it is neither."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
 def record_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The tool definitions of a record: `tools` (a list, or JSON text as the synth parquet export
     writes it), else `meta.tools` (records written before contract 6 had `tools`). ValueError
     when they are not a list of function definitions."""
     tools = rec.get("tools")
     if tools is None:
-        meta = rec.get("meta")
-        if isinstance(meta, str):
-            try:
-                meta = json.loads(meta)
-            except json.JSONDecodeError:
-                meta = None
-        tools = meta.get("tools") if isinstance(meta, dict) else None
+        meta = json_mapping(rec.get("meta"))
+        tools = meta.get("tools") if meta is not None else None
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import Field, model_validator
 
 from common import storage
-from common.config import StrictModel
+from common.config import StrictModel, repeated
 from kaiyuan import minhash
 
 RUN_CONFIG_VERSION = 1
@@ -242,8 +242,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _unique_sources(self) -> "RunConfig":
-        names = [s.name for s in self.sources]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = repeated(s.name for s in self.sources)
         if dupes:
             raise ValueError(f"source names must be unique, repeated: {dupes}")
         return self

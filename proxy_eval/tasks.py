@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from common.config import StrictModel, iter_jsonl
+from common.config import StrictModel, iter_jsonl, repeated
 from common.errors import ContractError
 from common.log import get_logger
 from proxy_eval import layouts as L
@@ -131,7 +131,7 @@ class SuiteConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "SuiteConfig":
         names = [t.name for t in self.tasks]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = repeated(names)
         if dup:
             raise ValueError(f"duplicate task names: {dup}")
         unknown = sorted(set(self.groups) - set(names))

@@ -37,6 +37,7 @@ from pydantic import Field
 
 from common.config import StrictModel
 from common.log import get_logger
+from common.records import json_mapping
 from synth.toolcalls import ToolCallShapeError, normalize_tool_calls
 
 log = get_logger("synth.client")
@@ -445,13 +446,8 @@ def served_info_from(model: str, models: Any, version: Any, server_info: Any) ->
         out["engine"] = entry["owned_by"].lower()
     if isinstance(version, dict) and isinstance(version.get("version"), str):
         out["engine_version"] = version["version"]
-    cfg = server_info.get("vllm_config") if isinstance(server_info, dict) else None
-    if isinstance(cfg, str):
-        try:
-            cfg = json.loads(cfg)
-        except json.JSONDecodeError:
-            cfg = None
-    mc = cfg.get("model_config") if isinstance(cfg, dict) else None
+    cfg = json_mapping(server_info.get("vllm_config")) if isinstance(server_info, dict) else None
+    mc = cfg.get("model_config") if cfg is not None else None
     if isinstance(mc, dict):
         out["engine"] = out.get("engine") or "vllm"
         if mc.get("dtype"):

@@ -15,7 +15,9 @@ classes, so a domain generator adds its own in a few lines:
 `keep` is datatrove's base-filter habit: the check returns None (keep) or the reason, and the
 base class rejects, quarantines and counts; `check` runs a pure function in the check pool
 (another process, under a time limit), `ask` sends a request to a teacher role with a derived
-seed, `add_candidate` and `record` build the row's candidates and its contract-6 records.
+seed, `add_candidate` and `record` build the row's candidates and its contract-6 records, and
+`sample` is the opening most domain steps share: ask the step's teacher with its template, once per
+`Ask`, and add the replies as candidates in request order.
 
 A row is one prompt travelling through the steps: its source `fields` (prompt, reference, ...),
 named candidate lists that `generate` fills (one candidate per sampled response), and the
@@ -32,7 +34,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar, Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from common.config import StrictModel, validate
 from common.hashing import stable_id
@@ -109,6 +111,23 @@ class Row:
     def drop(self, step: str, reason: str) -> None:
         self.dropped = f"{step}: {reason}"
         self.rejects.append({"prompt_id": self.id, "step": step, "reason": reason, "level": "prompt"})
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request of `Step.sample`: the fields its template is rendered over, its key within the
+    row (which seeds the request), and what the reply's candidate starts with in `parsed`."""
+    fields: dict[str, Any]
+    key: tuple[Any, ...]
+    parsed: dict[str, Any] = field(default_factory=dict)
+
+
+def sampling_config(teacher: str, template: str, **params: Any) -> type[StrictModel]:
+    """The Config base of a step that asks one teacher with one template (`Step.ask_template`,
+    `Step.sample`): `teacher` (the role), `template` and the request `params`, with the step's
+    defaults. `class Config(sampling_config("solver", SOLVE_PROMPT, temperature=0.7)): n: int = 4`."""
+    return create_model("SamplingConfig", __base__=StrictModel, teacher=(str, teacher), template=(str, template),
+                        params=(dict[str, Any], Field(default_factory=lambda: dict(params))))
 
 
 class RowError(RuntimeError):
@@ -194,9 +213,11 @@ class Step(_Base, abc.ABC):
     """A per-prompt step. Subclasses define `Config` (a `StrictModel`) and `async apply(row)`.
 
     `self.env` gives the run: `env.backend(role)`, `env.generator` (the config), `env.seed`.
-    The base class owns what every step does: `ask` a teacher, `add_candidate`, `keep` the
+    The base class owns what every step does: `ask` a teacher, `add_candidate`, (for a step whose
+    Config is a `sampling_config`) `ask_template` and `sample` (both at once), `keep` the
     candidates a check passes (rejecting and counting the rest), `check` in the check pool,
-    `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest.
+    `record` a contract-6 record, `count(row, n_in, n_out, stage=)` for the manifest, and
+    `alive` / `first_alive` to read what earlier steps kept.
     """
 
     @abc.abstractmethod
@@ -210,6 +231,15 @@ class Step(_Base, abc.ABC):
     @staticmethod
     def alive(row: Row, field_name: str) -> list[Candidate]:
         return [c for c in row.candidates.get(field_name, []) if c.alive]
+
+    def first_alive(self, row: Row, field_name: str) -> Candidate | None:
+        """The first alive candidate of a field (what a later step builds on); None when there is
+        none, and then the step counts (0 in, 0 out), so the manifest still lists it."""
+        cands = self.alive(row, field_name)
+        if not cands:
+            self.count(row, 0, 0)
+            return None
+        return cands[0]
 
     def reject(self, row: Row, cand: Candidate, reason: str) -> None:
         cand.alive = False
@@ -286,6 +316,20 @@ class Step(_Base, abc.ABC):
                       teacher=self.teacher_info(role, params, seed), parsed=dict(parsed))
         cands.append(c)
         return c
+
+    async def ask_template(self, row: Row, fields: dict[str, Any], *key: Any) -> ChatResult:
+        """`ask` the step's teacher (`cfg.teacher`, under `cfg.params`) one user message: the step's
+        `cfg.template` rendered over `fields`, seeded by `key`."""
+        return await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}], *key,
+                              params=self.cfg.params)
+
+    async def sample(self, row: Row, field: str, *asks: Ask,
+                     text: Callable[[str], str] = lambda reply: reply) -> list[Candidate]:
+        """`ask_template` once per `Ask` (its fields and key), concurrently; each reply (through
+        `text`) becomes a candidate of `field` with the ask's `parsed`, in the order of the asks."""
+        results = await asyncio.gather(*(self.ask_template(row, a.fields, *a.key) for a in asks))
+        return [self.add_candidate(row, field, text(res.content), self.cfg.teacher, self.cfg.params, res,
+                                   self.request_seed(row, *a.key), **a.parsed) for a, res in zip(asks, results)]
 
     # ---- records -----------------------------------------------------------------------------
     def record(self, row: Row, key: Iterable[Any], messages: list[dict[str, Any]], *,

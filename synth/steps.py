@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Any, Literal
 
@@ -44,7 +43,7 @@ def with_reasoning(content: str, reasoning: str | None) -> str:
 
 def vote(method: str, texts: list[str]) -> tuple[str | None, int]:
     """Majority answer over `texts` with the method's extractor and equivalence key (runs in the
-    check pool: equivalence can call sympy)."""
+    check pool under its time limit, like every check: the math key parses and evaluates each answer)."""
     extract = ANSWER_EXTRACTORS.get(method, ANSWER_EXTRACTORS["math"])
     key = ANSWER_KEYS.get(method, ANSWER_KEYS["math"])
     return majority_answer([extract(t) for t in texts], key)
@@ -141,7 +140,7 @@ class Generate(Step):
             p.update(continue_final_message=True, add_generation_prompt=False)
         return p
 
-    async def sample(self, row: Row, role: str, msgs: list[dict[str, Any]], i: int) -> tuple[Any, int, str | None]:
+    async def ask_sample(self, row: Row, role: str, msgs: list[dict[str, Any]], i: int) -> tuple[Any, int, str | None]:
         """Sample i: (result, seed, why it fails json_schema or None); a failing structured reply
         is asked again with the error, up to `json_retries` times."""
         seed = derive_seed(self.env.seed, row.id, self.cfg.field, i)
@@ -168,18 +167,15 @@ class Generate(Step):
         role = self.role_for(row)
         tcfg = self.env.backend(role).cfg
         msgs = self.messages(row)
-        samples = await asyncio.gather(*(self.sample(row, role, msgs, i) for i in range(self.cfg.n)))
+        samples = await asyncio.gather(*(self.ask_sample(row, role, msgs, i) for i in range(self.cfg.n)))
         cands = row.candidates.setdefault(self.cfg.field, [])
-        p = self.cfg.params
         made = []
         for res, seed, why in samples:
             c = Candidate(
                 field=self.cfg.field, index=len(cands), text=(self.cfg.prefill or "") + with_reasoning(res.content, res.reasoning),
                 teacher_role=role, mode=self.cfg.mode, result=res, messages=msgs,
-                teacher={"model": tcfg.model, "role": role, "engine": tcfg.engine, "temperature": p.get("temperature"),
-                         "top_p": p.get("top_p"), "top_k": p.get("top_k"), "max_tokens": p.get("max_tokens"),
-                         "seed": seed, "logprobs_mode": tcfg.logprobs_mode, "precision": tcfg.precision,
-                         "reasoning_field": res.reasoning_field})
+                teacher={**self.teacher_info(role, self.cfg.params, seed), "logprobs_mode": tcfg.logprobs_mode,
+                         "precision": tcfg.precision, "reasoning_field": res.reasoning_field})
             cands.append(c)
             made.append((c, why))
         schema_problem = {id(c): why for c, why in made}
@@ -250,14 +246,11 @@ JUDGE_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "boolean"},
 def parse_judge_verdict(text: str) -> tuple[bool | None, float | None]:
     """A judge's verdict from JSON (`{"verdict": true, "score": 4}`) or plain text
     (True/False, yes/no, `score: N`); (None, None) when unparseable (LN testable 24)."""
-    try:
-        obj = json.loads(text.strip().strip("`").removeprefix("json").strip())
-        if isinstance(obj, dict):
-            v = obj.get("verdict")
-            s = obj.get("score")
-            return (bool(v) if isinstance(v, bool) else None), (float(s) if isinstance(s, (int, float)) else None)
-    except (json.JSONDecodeError, ValueError):
-        pass
+    obj = json_reply(text)
+    if obj is not None:
+        v = obj.get("verdict")
+        s = obj.get("score")
+        return (bool(v) if isinstance(v, bool) else None), (float(s) if isinstance(s, (int, float)) else None)
     low = text.strip().lower()
     m = re.search(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", low)
     score = float(m.group(1)) if m else None
@@ -298,17 +291,19 @@ _SCORE_RE = re.compile(r"score\W{0,4}(\d+(?:\.\d+)?)", re.IGNORECASE)
 _VERDICT_RE = re.compile(r"\b(PASS|FAIL)\b")
 
 
-def _json_reply(text: str) -> Any:
+def json_reply(text: str) -> dict[str, Any] | None:
+    """The JSON object of a judge's reply (`synth.toolcalls.parse_json_object`: a fenced block, or
+    the first {...} span), or None when it has none: the one reader of every judge reply."""
     try:
-        return json.loads(text.strip().strip("`").removeprefix("json").strip())
-    except (json.JSONDecodeError, ValueError):
+        return parse_json_object(text)
+    except ValueError:
         return None
 
 
 def parse_score(text: str, lo: float = 1, hi: float = 5) -> float | None:
     """A 1-5 score from `{"score": 4}`, `Score: 4` or a reply that is just a number; None otherwise."""
-    obj = _json_reply(text)
-    if isinstance(obj, dict) and isinstance(obj.get("score"), (int, float)) and not isinstance(obj["score"], bool):
+    obj = json_reply(text)
+    if obj is not None and isinstance(obj.get("score"), (int, float)) and not isinstance(obj["score"], bool):
         v = float(obj["score"])
         return v if lo <= v <= hi else None
     m = _SCORE_RE.search(text) or re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*", text)
@@ -320,8 +315,8 @@ def parse_score(text: str, lo: float = 1, hi: float = 5) -> float | None:
 
 def parse_pass_fail(text: str) -> bool | None:
     """PASS/FAIL (the last one stated), or JSON {"verdict": "pass"|true}; None when neither."""
-    obj = _json_reply(text)
-    if isinstance(obj, dict):
+    obj = json_reply(text)
+    if obj is not None:
         v = obj.get("verdict")
         if isinstance(v, bool):
             return v
@@ -333,10 +328,8 @@ def parse_pass_fail(text: str) -> bool | None:
 
 def reply_reason(text: str) -> str:
     """The `reason` of a JSON judge reply (else the reply's start)."""
-    try:
-        return str(parse_json_object(text).get("reason", ""))[:200]
-    except ValueError:
-        return text.strip()[:200]
+    obj = json_reply(text)
+    return str(obj.get("reason", ""))[:200] if obj is not None else text.strip()[:200]
 
 
 class RubricCfg(_Cfg):
@@ -359,8 +352,8 @@ async def score_rubric(step: Step, row: Row, judge: JudgeParams, rubric: RubricC
     res = await step.ask(row, judge.teacher, [{"role": "user", "content": prompt}], rubric.name, *key,
                          params=judge.params, json_schema=SCORE_SCHEMA if judge.constrained else None)
     score = parse_score(res.content)
-    obj = _json_reply(res.content)
-    reason = (str(obj.get("reason", "")) if isinstance(obj, dict) else "") if obj is not None else res.content.strip()[:200]
+    obj = json_reply(res.content)
+    reason = str(obj.get("reason", "")) if obj is not None else res.content.strip()[:200]
     return {"name": rubric.name, "score": score, "pass": score is not None and score >= rubric.min_score,
             "reason": reason if score is not None else f"unparseable judge reply: {res.content.strip()[:120]!r}"}
 
@@ -372,6 +365,15 @@ async def judge_pass_fail(step: Step, row: Row, judge: JudgeParams, prompt: str,
     verdict = parse_pass_fail(res.content)
     return verdict, (reply_reason(res.content) if verdict is not None
                      else f"unparseable judge reply: {res.content.strip()[:120]!r}")
+
+
+async def judge_candidate(step: Step, row: Row, judge: JudgeParams, prompt: str, c: Candidate, verdict_field: str,
+                          label: str, *key: Any) -> str | None:
+    """`judge_pass_fail` on candidate `c`: its verdict goes to `c.parsed[verdict_field]` as
+    {pass, reason}; returns why to reject it (`"<label>: <reason>"`), or None when it passes."""
+    verdict, why = await judge_pass_fail(step, row, judge, prompt, *key)
+    c.parsed[verdict_field] = {"pass": bool(verdict), "reason": why}
+    return None if verdict else f"{label}: {why}"
 
 
 @register_step("verify")

@@ -1,5 +1,6 @@
 """Connected components of the duplicate graph in Spark: the large-star / small-star rounds of
-`kaiyuan.graph`, on DataFrames of edges (src, dst) with src > dst, never collected to the driver.
+Kiveris et al. (SoCC 2014), on DataFrames of edges (src, dst) with src > dst, never collected to
+the driver (the tests check them against the edge-list reference in `tests/kaiyuan/oracles.py`).
 
 Each round costs two shuffles; the edge set is checkpointed after every round so the plan does
 not grow. Before every round one aggregation checks whether the edges already form stars centred
@@ -25,7 +26,8 @@ def canonical_edges(edges):
 
 
 def large_star(edges):
-    """`kaiyuan.graph.large_star` on a DataFrame of canonical edges."""
+    """Large-Star on a DataFrame of canonical edges: for each node u, m = min(N(u) + {u}); every
+    neighbour v > u is connected to m."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -37,7 +39,8 @@ def large_star(edges):
 
 
 def small_star(edges):
-    """`kaiyuan.graph.small_star` on a DataFrame of canonical edges (src > dst)."""
+    """Small-Star on a DataFrame of canonical edges (src > dst): for each node u, m = min(N-(u) + {u})
+    over its smaller neighbours; u and every smaller neighbour are connected to m."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

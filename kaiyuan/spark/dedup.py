@@ -17,9 +17,9 @@ Steps (all in Spark; nothing proportional to the corpus is collected on the driv
    >= the threshold. With `verify.enabled: false` step 3 and 4 become one unverified edge per
    bucket member to the bucket's smallest member (datatrove's and the LSH-only baseline).
 5. clusters: connected components of the exact and verified edges only (`kaiyuan.spark.connected`).
-6. representatives: one per cluster (`kaiyuan.representative`); survivors keep `dup_cluster`
-   ("<source>/<id>" of the cluster's smallest member) and `dup_count` (documents it stands for:
-   the sum of the members' earlier `dup_count`, or 1 each).
+6. representatives: one per cluster (smallest node, or best score then smallest node); survivors
+   keep `dup_cluster` ("<source>/<id>" of the cluster's smallest member) and `dup_count`
+   (documents it stands for: the sum of the members' earlier `dup_count`, or 1 each).
 7. per source: survivors are joined back to the documents and written as a component; removed
    ids go to `_removed/` with their cluster, `kind` (exact | near), and the edge that removed
    them: `partner` ("<source>/<id>": the representative or the exact copy with the same

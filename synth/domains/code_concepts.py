@@ -21,7 +21,6 @@ Post: `code_title_dedup` keeps the first problem per normalized title, then the 
 from __future__ import annotations
 
 import ast
-import asyncio
 import gzip
 import json
 import random
@@ -37,7 +36,8 @@ from synth.domains import code_validate as cv
 from common.config import StrictModel
 from synth.domains.seeds import load_concepts
 from synth.checkpool import CheckTimeout
-from synth.pipeline import Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
+from synth.pipeline import (Ask, Candidate, PostStep, Row, Step, register_post_step, register_source,
+                           register_step, render, sampling_config)
 from synth.verify import Outcome, register_verifier
 from common.records import SynthRecord, Verification
 
@@ -100,22 +100,15 @@ Answer with one ```python block containing the whole function."""
 
 @register_step("code_problems")
 class CodeProblems(Step):
-    class Config(StrictModel):
-        teacher: str = "problem_teacher"
-        template: str = PROBLEM_PROMPT
+    class Config(sampling_config("problem_teacher", PROBLEM_PROMPT, temperature=0.9, max_tokens=700)):
         n: int = Field(default=5, ge=1, le=MAX_PROBLEMS)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 700})
         title_min_words: int = 5
         title_max_words: int = 8
 
     async def apply(self, row: Row) -> None:
-        concepts_text = "; ".join(row.fields["concepts"])
-        reqs = [([{"role": "user", "content": render(self.cfg.template, dict(row.fields, concepts_text=concepts_text,
-                                                                             problem_idx=i + 1, n_problems=self.cfg.n))}],
-                 ("problem", i)) for i in range(self.cfg.n)]
-        results = await asyncio.gather(*(self.ask(row, self.cfg.teacher, m, *k, params=self.cfg.params) for m, k in reqs))
-        cands = [self.add_candidate(row, "problem", res.content, self.cfg.teacher, self.cfg.params, res,
-                                    self.request_seed(row, "problem", i), problem_idx=i) for i, res in enumerate(results)]
+        fields = dict(row.fields, concepts_text="; ".join(row.fields["concepts"]), n_problems=self.cfg.n)
+        cands = await self.sample(row, "problem", *(Ask(dict(fields, problem_idx=i + 1), ("problem", i), {"problem_idx": i})
+                                                    for i in range(self.cfg.n)))
         await self.keep(row, cands, self.parse)
 
     def parse(self, c: Candidate) -> str | None:
@@ -131,25 +124,15 @@ class CodeProblems(Step):
 
 @register_step("code_solutions")
 class CodeSolutions(Step):
-    class Config(StrictModel):
-        teacher: str = "solution_teacher"
-        template: str = SOLUTION_PROMPT
+    class Config(sampling_config("solution_teacher", SOLUTION_PROMPT, temperature=0.7, max_tokens=900)):
         n: int = Field(default=5, ge=1, le=MAX_SOLUTIONS)
         max_lines: int = cv.MAX_SOLUTION_LINES
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 900})
 
     async def apply(self, row: Row) -> None:
         problems = self.alive(row, "problem")
-        jobs = []
-        for p in problems:
-            prob = p.parsed["problem"]
-            msgs = [{"role": "user", "content": render(self.cfg.template, dict(row.fields, max_lines=self.cfg.max_lines, **prob))}]
-            jobs += [(p, j, msgs) for j in range(self.cfg.n)]
-        results = await asyncio.gather(*(self.ask(row, self.cfg.teacher, msgs, "solution", p.index, j, params=self.cfg.params)
-                                         for p, j, msgs in jobs))
-        cands = [self.add_candidate(row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
-                                    self.request_seed(row, "solution", p.index, j), problem_cand=p.index, solution_idx=j)
-                 for (p, j, _), res in zip(jobs, results)]
+        cands = await self.sample(row, "solution", *(
+            Ask(dict(row.fields, max_lines=self.cfg.max_lines, **p.parsed["problem"]), ("solution", p.index, j),
+                {"problem_cand": p.index, "solution_idx": j}) for p in problems for j in range(self.cfg.n)))
         problems = {p.index: cv.Problem(**p.parsed["problem"]) for p in problems}
         await self.keep(row, cands, lambda c: self.splice(c, problems[c.parsed["problem_cand"]]))
 

@@ -27,8 +27,8 @@ from synth.domains import tool_sim
 from synth.domains.seeds import load_domains
 from synth.domains.tool_use import SimCfg, resolve_tool_protocol, sim_callables, system_prompt, tool_list
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, tool_definition_problems
-from synth.pipeline import Row, Step, register_source, register_step, render
-from synth.steps import JudgeParams, judge_pass_fail
+from synth.pipeline import Row, Step, register_source, register_step, render, sampling_config
+from synth.steps import JudgeParams, judge_candidate, judge_pass_fail
 
 
 # ---- conversational (customer-service) pipeline: source ----------------------------------------
@@ -187,14 +187,10 @@ def scenario_problems(sc: Any, tools: list[dict[str, Any]]) -> list[str]:
 class CsSubdomain(Step):
     """Progressive sub-domain sampling: the teacher specializes the seed domain."""
 
-    class Config(StrictModel):
-        teacher: str = "designer"
-        template: str = SUBDOMAIN_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 1.0, "max_tokens": 30})
+    Config = sampling_config("designer", SUBDOMAIN_PROMPT, temperature=1.0, max_tokens=30)
 
     async def apply(self, row: Row) -> None:
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, row.fields)}],
-                        "subdomain", params=self.cfg.params)
+        res = await self.ask_template(row, row.fields, "subdomain")
         name = res.content.strip().splitlines()[0].strip(" .\"'*#-") if res.content.strip() else ""
         ok = 1 <= len(name.split()) <= 8
         row.fields["subdomain"] = name if ok else row.fields["subdomain_examples"].split(",")[0].strip()
@@ -208,13 +204,10 @@ class CsSubdomain(Step):
 class CsPolicyTools(Step):
     """Policy and tools: generated, refined on failed checks, then judged (few-shot) for quality."""
 
-    class Config(StrictModel):
-        teacher: str = "designer"
-        template: str = POLICY_TOOLS_PROMPT
+    class Config(sampling_config("designer", POLICY_TOOLS_PROMPT, temperature=0.7, max_tokens=1500)):
         refine_template: str = REFINE_PROMPT
         judge_template: str = SETUP_JUDGE_PROMPT
         judge: JudgeParams = Field(default_factory=JudgeParams)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 1500})
         refine_rounds: int = 1
         min_tools: int = 3
         max_tools: int = MAX_TOOLS_PER_TASK
@@ -226,8 +219,7 @@ class CsPolicyTools(Step):
             policy, tools, problems, text = row.fields["fixed_policy"], row.fields["fixed_tools"], [], "(given)"
             rounds = 0
         else:
-            res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
-                            "setup", 0, params=self.cfg.params)
+            res = await self.ask_template(row, fields, "setup", 0)
             text = res.content
             policy, tools, problems = parse_setup(text, self.cfg.min_tools, self.cfg.max_tools)
             rounds = 0
@@ -248,30 +240,21 @@ class CsPolicyTools(Step):
         prompt = render(self.cfg.judge_template, dict(fields, policy=policy, tool_names=", ".join(t["function"]["name"] for t in tools),
                                                       example_policy=example.policy if example else "(none)",
                                                       example_tools=", ".join(t["function"]["name"] for t in (example.tools or [])) if example else ""))
-        verdict, why = await judge_pass_fail(self, row, self.cfg.judge, prompt, "setup_judge")
-        c.parsed["setup_judgement"] = {"pass": bool(verdict), "reason": why}
-        if not verdict:
-            self.reject(row, c, f"setup judge: {why}")
-        self.count(row, 1, 1 if verdict else 0)
+        await self.keep(row, [c], lambda c: judge_candidate(self, row, self.cfg.judge, prompt, c, "setup_judgement", "setup judge",
+                                                            "setup_judge"))
 
 
 @register_step("cs_scenarios")
 class CsScenarios(Step):
-    class Config(StrictModel):
-        teacher: str = "designer"
-        template: str = SCENARIO_PROMPT
+    class Config(sampling_config("designer", SCENARIO_PROMPT, temperature=0.9, max_tokens=1500)):
         n_scenarios: int = 3
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 1500})
 
     async def apply(self, row: Row) -> None:
-        setups = self.alive(row, "setup")
-        if not setups:
-            self.count(row, 0, 0)
+        s = self.first_alive(row, "setup")
+        if s is None:
             return
-        s = setups[0]
         fields = dict(row.fields, policy=s.parsed["policy"], tool_list=tool_list(s.parsed["tools"]), n_scenarios=self.cfg.n_scenarios)
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
-                        "scenarios", params=self.cfg.params)
+        res = await self.ask_template(row, fields, "scenarios")
         try:
             start, end = res.content.find("["), res.content.rfind("]")
             items = json.loads(res.content[start:end + 1]) if 0 <= start < end else None

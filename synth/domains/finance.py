@@ -22,7 +22,6 @@ near-duplicate questions), then the engine's `clean`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import re
@@ -37,7 +36,8 @@ from common.records import SynthRecord, Verification
 from synth.checkpool import CheckTimeout
 from synth.domains import finance_validate as fv
 from synth.domains.seeds import load_companies, load_finance_templates, read_seed_file, resolve_seed_path
-from synth.pipeline import Candidate, PostStep, Row, Step, register_post_step, register_source, register_step, render
+from synth.pipeline import (Ask, Candidate, PostStep, Row, Step, register_post_step, register_source,
+                           register_step, render, sampling_config)
 from synth.steps import JudgeParams
 
 MAX_PARAPHRASES = 3          # §3.1.1: up to 3 distinct phrasings per combination
@@ -181,18 +181,14 @@ _NUMBERED_RE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s*(.+?)\s*$")
 
 @register_step("finance_paraphrase")
 class FinanceParaphrase(Step):
-    class Config(StrictModel):
-        teacher: str = "writer"
-        template: str = PARAPHRASE_PROMPT
+    class Config(sampling_config("writer", PARAPHRASE_PROMPT, temperature=0.8, max_tokens=300)):
         n: int = Field(default=3, ge=1, le=MAX_PARAPHRASES)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.8, "max_tokens": 300})
 
     async def apply(self, row: Row) -> None:
         companies = {t: fv.Company(t, n, row.fields["gics_sub_industry"]) for t, n in zip(row.fields["tickers"], row.fields["company_names"])}
         fields = _fields(row, n=self.cfg.n, company_list=", ".join(row.fields["company_names"]),
                          year_list=", ".join(map(str, row.fields["fiscal_years"])))
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
-                        "paraphrase", params=self.cfg.params)
+        res = await self.ask_template(row, fields, "paraphrase")
         inst = fv.Instance(**{k: row.fields[k] for k in ("template_id", "kind", "tickers", "gics_sub_industry",
                                                          "fiscal_years", "question", "numeric", "sections")})
         lines = [m.group(1).strip().strip('"') for line in res.content.splitlines() if (m := _NUMBERED_RE.match(line))]
@@ -220,33 +216,26 @@ class FinanceParaphrase(Step):
 class FinanceAnswers(Step):
     """5 candidates per question, each from its own seed."""
 
-    class Config(StrictModel):
-        teacher: str = "answerer"
-        template: str = ANSWER_PROMPT
+    class Config(sampling_config("answerer", ANSWER_PROMPT, temperature=0.8, max_tokens=800)):
         n: int = Field(default=N_CANDIDATES, ge=2)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.8, "max_tokens": 800})
 
     async def apply(self, row: Row) -> None:
         questions = self.alive(row, "question")
         calc = CALC_INSTRUCTION if row.fields.get("numeric") else ""
-        jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
-        results = await asyncio.gather(*(
-            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
-                row, question=q.text, calc_instruction=calc))}], "answer", q.index, j, params=self.cfg.params)
-            for q, j in jobs))
+        cands = await self.sample(row, "answer", *(
+            Ask(_fields(row, question=q.text, calc_instruction=calc), ("answer", q.index, j), {"question": q.index, "candidate_idx": j})
+            for q in questions for j in range(self.cfg.n)))
         kept = 0
-        for (q, j), res in zip(jobs, results):
-            c = self.add_candidate(row, "answer", res.content, self.cfg.teacher, self.cfg.params, res,
-                              self.request_seed(row, "answer", q.index, j), question=q.index, candidate_idx=j,
-                              final_answer=fv.parse_final_answer(res.content))
-            why = "truncated at max_tokens" if res.finish_reason == "length" else (
+        for c in cands:
+            c.parsed["final_answer"] = fv.parse_final_answer(c.text)
+            why = "truncated at max_tokens" if c.result.finish_reason == "length" else (
                 None if c.parsed["final_answer"] else "no 'Answer:' line")
             if why:
                 c.parsed["format_problem"] = why
             else:
                 kept += 1
         # candidates stay listed (GenSelect sees exactly n per question); the format verdict decides eligibility
-        self.count(row, len(jobs), kept)
+        self.count(row, len(cands), kept)
 
 
 @register_step("finance_arithmetic")
@@ -317,18 +306,14 @@ class FinanceGenSelect(Step):
 
 @register_step("finance_answerable")
 class FinanceAnswerable(Step):
-    class Config(StrictModel):
-        teacher: str = "classifier"
-        template: str = ANSWERABLE_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 8})
+    Config = sampling_config("classifier", ANSWERABLE_PROMPT, temperature=0.0, max_tokens=8)
 
     async def apply(self, row: Row) -> None:
         answers = row.candidates.get("answer", [])
 
         async def answerable(q: Candidate) -> str | None:
             sel = next(c for c in answers if c.parsed["question"] == q.index and c.parsed["candidate_idx"] == q.parsed["selected_idx"])
-            res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(
-                row, question=q.text, answer=sel.text.strip()))}], "answerable", q.index, params=self.cfg.params)
+            res = await self.ask_template(row, _fields(row, question=q.text, answer=sel.text.strip()), "answerable", q.index)
             try:
                 label = fv.parse_answerability(res.content)
             except ValueError as e:

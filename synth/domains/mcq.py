@@ -12,7 +12,6 @@ Per seed question of a user-supplied MCQ set, the steps of `mcq.yaml`:
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Iterator
 
 from pydantic import Field
@@ -20,7 +19,7 @@ from pydantic import Field
 from synth.domains import mcq_validate as mv
 from common.config import StrictModel
 from synth.domains.seeds import load_mcq_seeds
-from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, sampling_config
 from common.records import Verification
 
 
@@ -53,18 +52,12 @@ SOLVE_PROMPT = """Answer this multiple-choice question. First explain the knowle
 
 @register_step("mcq_generate")
 class McqGenerate(Step):
-    class Config(StrictModel):
-        teacher: str = "generator"
-        template: str = GENERATE_PROMPT
+    class Config(sampling_config("generator", GENERATE_PROMPT, temperature=0.9, max_tokens=300)):
         n: int = Field(default=3, ge=1)
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.9, "max_tokens": 300})
 
     async def apply(self, row: Row) -> None:
-        results = await asyncio.gather(*(
-            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, dict(row.fields, variant=i + 1))}],
-                "question", i, params=self.cfg.params) for i in range(self.cfg.n)))
-        cands = [self.add_candidate(row, "question", res.content, self.cfg.teacher, self.cfg.params, res,
-                                    self.request_seed(row, "question", i), variant=i) for i, res in enumerate(results)]
+        cands = await self.sample(row, "question", *(Ask(dict(row.fields, variant=i + 1), ("question", i), {"variant": i})
+                                                     for i in range(self.cfg.n)))
         await self.keep(row, cands, lambda c: self.parse(c, row))
 
     @staticmethod
@@ -84,28 +77,20 @@ class McqGenerate(Step):
 class McqSolve(Step):
     """N solutions per question; keep the traces agreeing with a strict majority (and the key)."""
 
-    class Config(StrictModel):
-        teacher: str = "solver"
-        template: str = SOLVE_PROMPT
+    class Config(sampling_config("solver", SOLVE_PROMPT, temperature=0.7, max_tokens=400)):
         n: int = Field(default=4, ge=3)
         require_key_agreement: bool = True
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 400})
 
     async def apply(self, row: Row) -> None:
         questions = self.alive(row, "question")
         jobs = [(q, j) for q in questions for j in range(self.cfg.n)]
-        results = await asyncio.gather(*(
-            self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, {
-                "question": mv.Mcq(**q.parsed["mcq"]).render()})}], "solve", q.index, j, params=self.cfg.params)
+        cands = await self.sample(row, "solution", *(
+            Ask({"question": mv.Mcq(**q.parsed["mcq"]).render()}, ("solve", q.index, j), {"question": q.index, "sample": j})
             for q, j in jobs))
         by_q: dict[int, list[Any]] = {}
-        for (q, j), res in zip(jobs, results):
+        for (q, _), c in zip(jobs, cands):
             mcq = mv.Mcq(**q.parsed["mcq"])
-            choice = mv.parse_choice(res.content, list(mcq.options))
-            if res.finish_reason == "length":
-                choice = None
-            c = self.add_candidate(row, "solution", res.content, self.cfg.teacher, self.cfg.params, res,
-                              self.request_seed(row, "solve", q.index, j), question=q.index, sample=j, choice=choice)
+            c.parsed["choice"] = None if c.result.finish_reason == "length" else mv.parse_choice(c.text, list(mcq.options))
             by_q.setdefault(q.index, []).append(c)
         n_kept_q = 0
         for q in questions:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from common.config import StrictModel, validate
+from common.config import StrictModel, repeated, validate
 from common.errors import ContractError
 from synth.domains.finance_validate import Company, Template, template_problems
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, tool_definition_problems
@@ -88,8 +88,7 @@ class ToolsetFile(StrictModel):
         ids = [t.id for t in self.toolsets]
         if len(set(ids)) != len(ids):
             raise ValueError("toolset ids must be unique")
-        names = [t["function"]["name"] for ts in self.toolsets for t in ts.tools]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = repeated(t["function"]["name"] for ts in self.toolsets for t in ts.tools)
         if dup:
             raise ValueError(f"function names must be unique across toolsets (a task may combine toolsets): {dup}")
         return self
@@ -169,8 +168,7 @@ class CompanyFile(StrictModel):
 
 def load_companies(path: str | os.PathLike = "companies.yaml") -> list[Company]:
     rows = _validate(CompanyFile, read_seed_file(path), path, "companies/1").companies
-    tickers = [r.ticker for r in rows]
-    dup = sorted({t for t in tickers if tickers.count(t) > 1})
+    dup = repeated(r.ticker for r in rows)
     if dup:
         raise ContractError(path, f"duplicate tickers {dup}", field="companies")
     return [Company(r.ticker, r.name, r.gics_sub_industry, r.sector) for r in rows]
@@ -243,8 +241,7 @@ class ConceptFile(StrictModel):
 
     @model_validator(mode="after")
     def _dedup(self) -> "ConceptFile":
-        norm = [" ".join(c.lower().split()) for c in self.concepts]
-        dup = sorted({c for c in norm if norm.count(c) > 1})
+        dup = repeated(" ".join(c.lower().split()) for c in self.concepts)
         if dup:
             raise ValueError(f"duplicate concepts (the taxonomy must be deduplicated): {dup}")
         if not self.concepts:

@@ -294,6 +294,13 @@ def _stopped(engine: str, what: str, seconds: float) -> ExecutionResult:
     return ExecutionResult("timeout", engine, error=f"{what} stopped at the {seconds:g}s limit (cancelled from outside the session)")
 
 
+def _load_failed(engine: str, load: Deadline, error: str) -> ExecutionResult:
+    """Loading the schema and rows raised `error`: a timeout when its deadline had fired, else an error."""
+    if load.fired:
+        return _stopped(engine, "loading the schema and rows", load.seconds)
+    return ExecutionResult("error", engine, error=f"schema or rows do not load: {error}")
+
+
 # ---- PostgreSQL ----------------------------------------------------------------------------------------
 # The DSN's role is administrative only: per execution it creates a LOGIN role with no other right
 # (no superuser, CREATEDB, CREATEROLE, REPLICATION, BYPASSRLS; member of nothing, so none of
@@ -374,9 +381,7 @@ def _run_postgres(query: str, script: list[str], dsn: str, admin: psycopg.Connec
                     cur.execute(st.encode())
             conn.commit()
         except psycopg.Error as e:
-            if load.fired:
-                return _stopped("postgres", "loading the schema and rows", load.seconds)
-            return ExecutionResult("error", "postgres", error=f"schema or rows do not load: {_short(e)}")
+            return _load_failed("postgres", load, _short(e))
         run = deadline(timeout_s)
         try:
             with run:
@@ -523,9 +528,7 @@ def _run_mysql(query: str, script: list[str], params: dict[str, Any], admin: Any
                     cur.execute(st)
                 _mysql_statement_timeout(cur, timeout_s)
         except pymysql.MySQLError as e:
-            if load.fired:
-                return _stopped("mysql", "loading the schema and rows", load.seconds)
-            return ExecutionResult("error", "mysql", error=f"schema or rows do not load: {_mysql_error(e)[1]}")
+            return _load_failed("mysql", load, _mysql_error(e)[1])
         run = deadline(timeout_s)
         try:
             with run, conn.cursor(pymysql.cursors.SSCursor) as cur:

@@ -42,7 +42,7 @@ from synth.domains import sql_servers
 from synth.domains import sql_validate as sv
 from synth.domains.seeds import load_sql_taxonomy
 from synth.domains.sql_engines import results_match
-from synth.pipeline import Candidate, Row, Step, register_source, register_step, render
+from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, render, sampling_config
 from synth.steps import JudgeParams, RubricCfg, score_rubric
 from synth.verify import Outcome, register_verifier
 
@@ -195,20 +195,14 @@ DEFAULT_RUBRICS = [
 class SqlSchema(Step):
     """The teacher writes DDL and sample rows; keep them if they parse and load."""
 
-    class Config(StrictModel):
-        teacher: str = "teacher"
-        template: str = SCHEMA_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 1500})
+    class Config(sampling_config("teacher", SCHEMA_PROMPT, temperature=0.7, max_tokens=1500)):
         min_tables: int = 2
         max_tables: int = 4
 
     async def apply(self, row: Row) -> None:
         fields = dict(row.fields, min_tables=self.cfg.min_tables, max_tables=self.cfg.max_tables)
-        msgs = [{"role": "user", "content": render(self.cfg.template, fields)}]
-        res = await self.ask(row, self.cfg.teacher, msgs, "schema", params=self.cfg.params)
-        c = self.add_candidate(row, "schema", res.content, self.cfg.teacher, self.cfg.params, res,
-                          self.request_seed(row, "schema"))
-        await self.keep(row, [c], lambda c: self.usable(c, row.fields["dialect"]))
+        cands = await self.sample(row, "schema", Ask(fields, ("schema",)))
+        await self.keep(row, cands, lambda c: self.usable(c, row.fields["dialect"]))
 
     def usable(self, c: Candidate, dialect: str) -> str | None:
         why = None
@@ -231,24 +225,16 @@ class SqlSchema(Step):
 class SqlTask(Step):
     """The teacher writes the request and the gold query for the surviving schema."""
 
-    class Config(StrictModel):
-        teacher: str = "teacher"
-        template: str = TASK_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 700})
+    Config = sampling_config("teacher", TASK_PROMPT, temperature=0.7, max_tokens=700)
 
     async def apply(self, row: Row) -> None:
-        schemas = self.alive(row, "schema")
-        if not schemas:
-            self.count(row, 0, 0)
+        s = self.first_alive(row, "schema")
+        if s is None:
             return
-        s = schemas[0]
         fields = dict(row.fields, schema_ddl=s.parsed["ddl"].strip(), rows_sql=s.parsed["rows_sql"].strip())
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, fields)}],
-                        "task", params=self.cfg.params)
-        c = self.add_candidate(row, "task", res.content, self.cfg.teacher, self.cfg.params, res,
-                          self.request_seed(row, "task"), ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"],
-                          schema_teacher=s.teacher, checks=[])
-        await self.keep(row, [c], self.parse)
+        parsed = dict(ddl=s.parsed["ddl"], rows_sql=s.parsed["rows_sql"], schema_teacher=s.teacher, checks=[])
+        cands = await self.sample(row, "task", Ask(fields, ("task",), parsed))
+        await self.keep(row, cands, self.parse)
 
     @staticmethod
     def parse(c: Candidate) -> str | None:

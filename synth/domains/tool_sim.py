@@ -199,24 +199,11 @@ async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str,
         answered = False
         for step in range(opts.max_steps_per_turn):
             key = (turn, step)
-            if opts.protocol == "native":
-                content, calls = await assistant(to_native_messages(system, messages), key)
-                parsed = native_assistant_turn(content, calls, next_id)
-            else:
-                reply = await assistant(to_prompt_messages(system, messages, opts.tool_result_role), key)
-                parsed = parse_assistant_turn(reply, next_id)
+            parsed = await _assistant_turn(assistant, system, messages, opts, key, next_id)
             msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.calls:
                 msg["tool_calls"] = parsed.calls
-            problems = list(parsed.problems)
-            n_valid = 0
-            for call in parsed.calls:
-                found = tool_call_problems(call, exposed)
-                problems += found
-                n_valid += not found
-            # the Tool Verifier's acceptance is per call (an unparsable call block counts as one)
-            if parsed.calls or parsed.problems:
-                res.count("tool_verifier", len(parsed.calls) + len(parsed.problems), n_valid)
+            problems = _verify_calls(parsed, exposed, res)
             if problems:
                 res.schema_violations += problems
                 if opts.stop_on_violation:
@@ -237,22 +224,9 @@ async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str,
             if not parsed.calls:
                 answered = True
                 break
-            for i, call in enumerate(parsed.calls):
-                try:
-                    raw = await tool_model(call, messages, (turn, step, i))
-                except ToolCallFailed as e:
-                    res.count("tool_response", 1, 0)
-                    res.reason = str(e)
-                    return res
-                try:
-                    result = parse_json_object(raw)
-                    res.count("tool_response", 1, 1)
-                except ValueError as e:
-                    res.count("tool_response", 1, 0)
-                    res.reason = f"tool simulator for {call['function']['name']}: {e}"
-                    return res
-                messages.append({"role": "tool", "tool_call_id": call["id"],
-                                 "content": json.dumps(result, ensure_ascii=False, sort_keys=True)})
+            res.reason = await _answer_calls(parsed.calls, messages, tool_model, key, res)
+            if res.reason:
+                return res
         if not answered:
             res.reason = f"no final answer after {opts.max_steps_per_turn} assistant steps"
             return res
@@ -265,6 +239,53 @@ async def simulate(*, tools: list[dict[str, Any]], system: str, first_user: str,
             messages.append({"role": "user", "content": nxt})
     res.ok = True
     return res
+
+
+async def _assistant_turn(assistant: Callable[[list[dict[str, Any]], tuple], Awaitable[Any]], system: str,
+                          messages: list[dict[str, Any]], opts: SimOptions, key: tuple,
+                          next_id: Callable[[], str]) -> AssistantTurn:
+    """The assistant's next message, requested and parsed in `opts.protocol`'s layout."""
+    if opts.protocol == "native":
+        content, calls = await assistant(to_native_messages(system, messages), key)
+        return native_assistant_turn(content, calls, next_id)
+    reply = await assistant(to_prompt_messages(system, messages, opts.tool_result_role), key)
+    return parse_assistant_turn(reply, next_id)
+
+
+def _verify_calls(parsed: AssistantTurn, exposed: dict[str, Any], res: SimResult) -> list[str]:
+    """The Tool Verifier: the turn's problems (call blocks that do not parse, calls that do not fit
+    the exposed tools). Its acceptance is counted per call (an unparsable call block counts as one)."""
+    problems = list(parsed.problems)
+    n_valid = 0
+    for call in parsed.calls:
+        found = tool_call_problems(call, exposed)
+        problems += found
+        n_valid += not found
+    if parsed.calls or parsed.problems:
+        res.count("tool_verifier", len(parsed.calls) + len(parsed.problems), n_valid)
+    return problems
+
+
+async def _answer_calls(calls: list[dict[str, Any]], messages: list[dict[str, Any]],
+                        tool_model: Callable[[dict[str, Any], list[dict[str, Any]], tuple], Awaitable[str]],
+                        key: tuple, res: SimResult) -> str:
+    """Append the tool simulator's response to each call, in order; the reason of the first one
+    that fails (the tool refused, or its reply is not a JSON object), or "" when all answered."""
+    for i, call in enumerate(calls):
+        try:
+            raw = await tool_model(call, messages, (*key, i))
+        except ToolCallFailed as e:
+            res.count("tool_response", 1, 0)
+            return str(e)
+        try:
+            result = parse_json_object(raw)
+        except ValueError as e:
+            res.count("tool_response", 1, 0)
+            return f"tool simulator for {call['function']['name']}: {e}"
+        res.count("tool_response", 1, 1)
+        messages.append({"role": "tool", "tool_call_id": call["id"],
+                         "content": json.dumps(result, ensure_ascii=False, sort_keys=True)})
+    return ""
 
 
 def call_arguments(call: dict[str, Any]) -> dict[str, Any]:

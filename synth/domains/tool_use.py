@@ -42,8 +42,8 @@ from synth.domains import tool_sim
 from synth.domains.mcp_tools import McpServerConfig, McpTools, ToolsConfig, list_tools_now
 from synth.domains.seeds import Toolset, load_personas, load_toolsets, load_topics
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, conversation_problems
-from synth.pipeline import Candidate, Row, RowError, Step, register_source, register_step, render
-from synth.steps import JudgeParams, judge_pass_fail
+from synth.pipeline import Ask, Candidate, Row, RowError, Step, register_source, register_step, render, sampling_config
+from synth.steps import JudgeParams, judge_candidate, judge_pass_fail
 
 TYPE_INSTRUCTIONS = {
     "single_turn": "Everything needed is in this one message; the assistant can finish the task in one reply (after calling tools if needed).",
@@ -174,19 +174,14 @@ ASSISTANT_PREAMBLE = "You are a helpful assistant."
 class ToolQuery(Step):
     """The User model writes the task message."""
 
-    class Config(StrictModel):
-        teacher: str = "user"
-        template: str = QUERY_PROMPT
-        params: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.8, "max_tokens": 200})
+    class Config(sampling_config("user", QUERY_PROMPT, temperature=0.8, max_tokens=200)):
         min_chars: int = 15
         max_chars: int = 1200
 
     async def apply(self, row: Row) -> None:
-        res = await self.ask(row, self.cfg.teacher, [{"role": "user", "content": render(self.cfg.template, _fields(row))}],
-                        "query", params=self.cfg.params)
-        text = res.content.strip().strip('"').strip()
-        c = self.add_candidate(row, "query", text, self.cfg.teacher, self.cfg.params, res, self.request_seed(row, "query"))
-        await self.keep(row, [c], self.problem)
+        cands = await self.sample(row, "query", Ask(_fields(row), ("query",)),
+                                  text=lambda reply: reply.strip().strip('"').strip())
+        await self.keep(row, cands, self.problem)
 
     def problem(self, c: Candidate) -> str | None:
         if "<tool_call>" in c.text:
@@ -205,12 +200,8 @@ class ToolQueryGate(Step):
         template: str = GATE_PROMPT
 
     async def apply(self, row: Row) -> None:
-        async def gate(c: Candidate) -> str | None:
-            verdict, why = await judge_pass_fail(self, row, self.cfg.judge, render(self.cfg.template, _fields(row, query=c.text)), c.index)
-            c.parsed["query_gate"] = {"pass": bool(verdict), "reason": why}
-            return None if verdict else f"query gate: {why}"
-
-        await self.keep(row, "query", gate)
+        await self.keep(row, "query", lambda c: judge_candidate(
+            self, row, self.cfg.judge, render(self.cfg.template, _fields(row, query=c.text)), c, "query_gate", "query gate", c.index))
 
 
 class SimCfg(StrictModel):
@@ -364,9 +355,7 @@ class ToolTrajectoryJudge(Step):
     async def apply(self, row: Row) -> None:
         async def judge(c: Candidate) -> str | None:
             prompt = render(self.cfg.template, _fields(row, transcript=tool_sim.transcript(c.parsed["messages"])))
-            verdict, why = await judge_pass_fail(self, row, self.cfg.judge, prompt, c.index)
-            c.parsed["trajectory_judgement"] = {"pass": bool(verdict), "reason": why}
-            return None if verdict else f"trajectory judge: {why}"
+            return await judge_candidate(self, row, self.cfg.judge, prompt, c, "trajectory_judgement", "trajectory judge", c.index)
 
         await self.keep(row, "trajectory", judge)
 

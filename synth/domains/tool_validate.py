@@ -241,24 +241,9 @@ def conversation_problems(messages: list[dict[str, Any]], tools: list[dict[str, 
                 step_after_result = True
             if len(calls) > max_calls_per_turn:
                 v.structure.append(f"messages[{i}]: {len(calls)} tool calls in one message, at most {max_calls_per_turn}")
-            signatures: set[str] = set()
-            for call in calls:
-                cid = call.get("id") if isinstance(call, dict) else None
-                name = ((call.get("function") or {}).get("name") if isinstance(call, dict) else None) or "?"
-                problems = tool_call_problems(call, exposed, allow_extra_arguments=allow_extra_arguments)
-                if not isinstance(cid, str) or not cid:
-                    problems.append(f"{name}: tool call without an id")
-                elif cid in seen_ids:
-                    problems.append(f"{name}: duplicate tool call id {cid!r}")
-                else:
-                    seen_ids.add(cid)
-                    pending[cid] = name
-                sig = json.dumps([name, (call.get("function") or {}).get("arguments")], sort_keys=True, default=str)
-                if sig in signatures:
-                    problems.append(f"{name}: the same call twice in one message")
-                signatures.add(sig)
-                v.calls.append({"id": cid, "name": name, "problems": problems})
-                v.n_tool_calls += 1
+            checked = _message_calls(calls, exposed, seen_ids, pending, allow_extra_arguments)
+            v.calls += checked
+            v.n_tool_calls += len(checked)
         elif role == "tool":
             cid = m.get("tool_call_id")
             if cid not in pending:
@@ -273,15 +258,50 @@ def conversation_problems(messages: list[dict[str, Any]], tools: list[dict[str, 
                     v.structure.append(f"messages[{i}]: tool result for {cid!r} is not JSON")
     if pending:
         v.structure.append(f"calls {sorted(pending)} never got a result")
+    v.structure += _ending_problems(body, v, conversation_type, step_after_result, require_tool_call)
+    return v
+
+
+def _message_calls(calls: list[Any], exposed: dict[str, dict[str, Any]], seen_ids: set[str], pending: dict[str, str],
+                   allow_extra_arguments: bool) -> list[dict[str, Any]]:
+    """The calls of one assistant message, each with its problems (against the exposed tools, a
+    missing or repeated id, the same call twice in the message); a call with a new id joins
+    `seen_ids` and waits in `pending` (id -> function name) for its tool message."""
+    checked = []
+    signatures: set[str] = set()
+    for call in calls:
+        cid = call.get("id") if isinstance(call, dict) else None
+        name = ((call.get("function") or {}).get("name") if isinstance(call, dict) else None) or "?"
+        problems = tool_call_problems(call, exposed, allow_extra_arguments=allow_extra_arguments)
+        if not isinstance(cid, str) or not cid:
+            problems.append(f"{name}: tool call without an id")
+        elif cid in seen_ids:
+            problems.append(f"{name}: duplicate tool call id {cid!r}")
+        else:
+            seen_ids.add(cid)
+            pending[cid] = name
+        sig = json.dumps([name, (call.get("function") or {}).get("arguments")], sort_keys=True, default=str)
+        if sig in signatures:
+            problems.append(f"{name}: the same call twice in one message")
+        signatures.add(sig)
+        checked.append({"id": cid, "name": name, "problems": problems})
+    return checked
+
+
+def _ending_problems(body: list[dict[str, Any]], v: ConversationVerdict, conversation_type: str | None,
+                     step_after_result: bool, require_tool_call: bool) -> list[str]:
+    """What the whole conversation (`body`: its messages after the system one) must be: it ends with
+    an assistant answer, has the user turns and steps its type names, and calls a tool."""
+    problems = []
     last = body[-1] if body else {}
     if last.get("role") != "assistant" or last.get("tool_calls") or not str(last.get("content") or "").strip():
-        v.structure.append("the conversation must end with an assistant answer (content, no tool calls)")
+        problems.append("the conversation must end with an assistant answer (content, no tool calls)")
     if conversation_type == "single_turn" and v.n_user_turns != 1:
-        v.structure.append(f"single_turn conversation has {v.n_user_turns} user messages")
+        problems.append(f"single_turn conversation has {v.n_user_turns} user messages")
     if conversation_type == "multi_turn" and v.n_user_turns < 2:
-        v.structure.append(f"multi_turn conversation has {v.n_user_turns} user message(s), needs 2 or more")
+        problems.append(f"multi_turn conversation has {v.n_user_turns} user message(s), needs 2 or more")
     if conversation_type == "multi_step" and not step_after_result:
-        v.structure.append("multi_step conversation has no tool call that follows an earlier tool result")
+        problems.append("multi_step conversation has no tool call that follows an earlier tool result")
     if require_tool_call and v.n_tool_calls == 0:
-        v.structure.append("no tool was called")
-    return v
+        problems.append("no tool was called")
+    return problems

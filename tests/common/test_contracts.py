@@ -147,3 +147,17 @@ def test_overrides_index_lists():
     assert data["steps"][1]["n"] == 8 and data["new"]["key"] == [1, 2]
     with pytest.raises(ValueError, match="not an index"):
         apply_overrides(data, ["steps.5.n=1"])
+
+
+def test_repeated_names_every_value_seen_twice_sorted_once():
+    from common.config import repeated
+
+    assert repeated(["b", "a", "c", "b", "a", "b"]) == ["a", "b"]
+    assert repeated(x for x in ("web", "code")) == []
+
+
+def test_run_config_names_the_repeated_source():
+    from kaiyuan.config import RunConfig
+
+    with pytest.raises(ValueError, match=r"source names must be unique, repeated: \['web'\]"):
+        RunConfig.model_validate({"output": "out", "sources": [{"name": n, "paths": ["x.jsonl"]} for n in ("web", "code", "web")]})

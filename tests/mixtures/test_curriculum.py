@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from mixtures import accounting as acc
+from tests.mixtures import accounting as acc
 from mixtures import curriculum as cm
 from mixtures.plan import ComponentColumns, bucket_stats, plan_phase_pool, plan_stream
 from mixtures.spec import parse_spec

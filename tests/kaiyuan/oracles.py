@@ -1,4 +1,6 @@
-"""Connected components by alternating large-star and small-star operations.
+"""Reference implementations the kaiyuan Spark jobs are tested against (no product code calls them).
+
+Connected components by alternating large-star and small-star operations.
 
 Kiveris, Lattanzi, Mirrokni, Rastogi, Vassilvitskii, "Connected Components in MapReduce and
 Beyond" (SoCC 2014): every round applies Large-Star then Small-Star to the edge set; the
@@ -6,16 +8,23 @@ fixed point is a set of stars in which every node points at the smallest node of
 The rounds needed grow as O(log^2 n), so long chains of near-duplicates do not need one round per
 hop (plain min-label propagation would).
 
-These pure functions define the steps on Python edge lists. `kaiyuan.spark.components` performs
+These pure functions define the steps on Python edge lists. `kaiyuan.spark.connected` performs
 the same steps on Spark DataFrames, and its tests compare the two (and both with union-find).
 Nodes are any totally ordered values (kaiyuan uses "<source>\\x1f<id>" strings, so the smallest
 node of a cluster is its smallest (source, id)).
+
+Which document of a duplicate cluster survives (issue 2: "one deterministic representative per
+cluster (smallest id, or the highest value of a named score column)"): ties and missing scores are
+broken by the smallest node, so the choice never depends on the order in which Spark happens to see
+the rows. `kaiyuan.spark.dedup` implements the same ordering as a window `ORDER BY`;
+`choose_representative` is what its tests check it against.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Hashable, Iterable, TypeVar
+from typing import Hashable, Iterable, Literal, Optional, TypeVar
 
 N = TypeVar("N", bound=Hashable)
 Edge = tuple  # (node, node)
@@ -103,3 +112,19 @@ def union_find_components(edges: Iterable[Edge]) -> dict:
             else:
                 parent[ru] = rv
     return {x: find(x) for x in list(parent)}
+
+
+def sort_key(node: Hashable, score: Optional[float], by: Literal["id", "score"], higher_is_better: bool = True) -> tuple:
+    """Ascending sort key: the representative is the member with the smallest key."""
+    if by == "id":
+        return (node,)
+    missing = score is None or (isinstance(score, float) and math.isnan(score))
+    if missing:
+        return (1, 0.0, node)            # documents without a score come last
+    return (0, -score if higher_is_better else score, node)
+
+
+def choose_representative(members: Iterable[tuple[Hashable, Optional[float]]], by: Literal["id", "score"] = "id",
+                          higher_is_better: bool = True) -> Hashable:
+    """The surviving node among (node, score) members."""
+    return min(members, key=lambda m: sort_key(m[0], m[1], by, higher_is_better))[0]

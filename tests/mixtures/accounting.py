@@ -1,7 +1,7 @@
 """Token accounting: steps, buckets and the phase transition in numbers (Puro §3.6, §3.6.2, §2.1).
 
-Pure arithmetic, so a spec can be checked against the plan before anything is materialized;
-`puro_production()` reproduces the paper's figures (seed-puro.md §4 and behaviours 2, 13, 14).
+A test oracle (no product code calls it): pure arithmetic that checks the curriculum math against
+the paper; `puro_production()` reproduces the paper's figures (seed-puro.md §4 and behaviours 2, 13, 14).
 """
 
 from __future__ import annotations
