@@ -1,7 +1,9 @@
 """`python -m synth <generator> --out DIR [--endpoint URL]... [--model NAME] [--backend openai|batch|vllm] [key=value ...]`
 
-Runs a generator (a built-in name such as `reasoning_pairs`, or a YAML path); `key.sub=value`
-overrides any config field (`source.n=20`, `steps.0.n=8`). Other commands:
+Runs a generator (a built-in name such as `reasoning_pairs`, a domain generator such as `text_to_sql`,
+`tool_use`, `tool_use_conversational`, `code_concepts`, `finance`, `mcq`, or a YAML path; a YAML's
+`imports:` register its sources and steps); `key.sub=value` overrides any config field
+(`source.n=20`, `steps.0.n=8`). Other commands:
 
     python -m synth list                                  generators, steps, sources, verifiers
     python -m synth export RUN_DIR [--formats jsonl,parquet,datasets] [--out DIR]
@@ -20,7 +22,6 @@ from pathlib import Path
 
 from common.cli import dispatch
 from common import atomic
-from common.errors import ContractError
 from common.records import read_records, write_records
 from synth import servers
 from synth.client import CircuitOpenError, EndpointNotReady, RequestRejected
@@ -143,7 +144,7 @@ def _serve(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     return dispatch(__doc__, {"list": _list, "export": _export, "clean": _clean, "serve": _serve}, argv,
                     default=_run_generator, prog="python -m synth",
-                    errors=(ContractError, CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError))
+                    errors=(CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError))
 
 
 if __name__ == "__main__":
