@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from common.cli import Command, dispatch
+from common.errors import ContractError
 from kaiyuan.jobs import JOBS, job_command
 
 
@@ -38,8 +39,11 @@ def _train_classifier(args) -> int:
 
 
 def _summary(args) -> int:
+    from common import storage
     from kaiyuan import report
 
+    if not storage.exists(args.output):
+        raise ContractError(args.output, "no such run output directory")
     print("\n".join(report.table_lines(report.collect(args.output))))
     return 0
 

@@ -18,33 +18,29 @@ import json
 import sys
 from pathlib import Path
 
+import importlib
+
 from common import atomic
 from common.cli import Command, dispatch
 from common.config import load_config, load_yaml, validate
 from common.progress import Reporter
-from proxy_eval import fits
-from proxy_eval.contracts import PcaFile, SuiteResults
-from proxy_eval.decide import suggest_from_plan
-from proxy_eval.evaluate import evaluate_suite, load_suite
-from proxy_eval.loading import open_scorer
-from proxy_eval.merge import track_run, write_track
-from proxy_eval.pca import biplot, capability_pca
-from proxy_eval.plan import PlanConfig, make_plan
-from proxy_eval.profiles import build_profile, read_profile
-from proxy_eval.run import ProxyRunConfig, ProxyRunner, run_one_slice
-from proxy_eval.slices import describe_plan
-from proxy_eval.tasks import SuiteConfig
 
 
 def _print(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
-def _config(model):
-    return lambda path, overrides: load_config(model, path, overrides)
+def _config(where: str):
+    """The loader of a command's typed config `module:Class` (imported when the command runs, so
+    a bad config fails before torch and the model code load)."""
+    module, name = where.split(":")
+    return lambda path, overrides: load_config(getattr(importlib.import_module(module), name), path, overrides)
 
 
 def cmd_plan(args) -> int:
+    from proxy_eval.plan import make_plan
+    from proxy_eval.slices import describe_plan
+
     plan = make_plan(args.cfg)
     for line in describe_plan(plan.decisions):
         print(line)
@@ -53,6 +49,9 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from proxy_eval.profiles import read_profile
+    from proxy_eval.run import ProxyRunner
+
     cfg = args.cfg
     reporter = Reporter(None, unit="proxy", mode="line")
     manifest = ProxyRunner(cfg, progress=reporter.note).run()
@@ -64,6 +63,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_run_slice(args) -> int:
+    from proxy_eval.run import ProxyRunConfig, run_one_slice
+
     cfg = validate(ProxyRunConfig, json.loads(Path(args.config).read_text()), args.config)
     m = run_one_slice(cfg, args.slice, args.steps)
     print(json.dumps({"slice": m.slice, "checkpoint": m.checkpoint}))
@@ -71,6 +72,9 @@ def cmd_run_slice(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from proxy_eval.evaluate import evaluate_suite, load_suite
+    from proxy_eval.loading import open_scorer
+
     suite = args.cfg
     if args.skip_bad_records:
         suite = suite.model_copy(update={"tasks": [t.model_copy(update={"bad_records": "skip"}) for t in suite.tasks]})
@@ -86,6 +90,8 @@ def cmd_eval(args) -> int:
 
 
 def _results_rows(items: list[str]) -> list[dict]:
+    from proxy_eval.contracts import SuiteResults
+
     rows = []
     for item in items:
         name, _, path = item.rpartition("=")
@@ -95,6 +101,8 @@ def _results_rows(items: list[str]) -> list[dict]:
 
 
 def cmd_profile(args) -> int:
+    from proxy_eval.profiles import build_profile
+
     profile = build_profile(_results_rows(args.results))
     paths = profile.write(args.out)
     for line in profile.table_lines():
@@ -110,6 +118,10 @@ def _capability_matrix(profile, level: str, exclude: set[str]):
 
 
 def cmd_pca(args) -> int:
+    from proxy_eval.contracts import PcaFile
+    from proxy_eval.pca import biplot, capability_pca
+    from proxy_eval.profiles import read_profile
+
     profile = read_profile(args.profile)
     table = _capability_matrix(profile, args.level, set(filter(None, args.exclude.split(","))))
     anchors = [a for a in args.anchors.split(",") if a] if args.anchors else None
@@ -136,6 +148,9 @@ def _parse_weights(text: str | None) -> dict[str, float] | None:
 
 
 def cmd_suggest(args) -> int:
+    from proxy_eval.decide import suggest_from_plan
+    from proxy_eval.profiles import read_profile
+
     profile = read_profile(args.profile)
     base = load_yaml(args.base_spec) if args.base_spec else {}
     result = suggest_from_plan(
@@ -154,6 +169,8 @@ def cmd_suggest(args) -> int:
 
 
 def cmd_fit(args) -> int:
+    from proxy_eval import fits
+
     with open(args.csv, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     out = fits.fit_rows(args.kind, rows, c0=args.c0, invert=args.invert or [], heldout=args.heldout or [],
@@ -165,6 +182,8 @@ def cmd_fit(args) -> int:
 
 
 def cmd_track(args) -> int:
+    from proxy_eval.merge import track_run, write_track
+
     windows = [int(w) for w in args.windows.split(",") if w]
     points = track_run(args.run, args.cfg, windows=windows, shape=args.shape, tokenizer=args.tokenizer, at=args.at,
                        batch_size=args.batch_size)
@@ -220,9 +239,11 @@ def _suggest_args(p: argparse.ArgumentParser) -> None:
 
 
 def _fit_args(p: argparse.ArgumentParser) -> None:
+    from proxy_eval.fits import PURO_C_P1_KUSD
+
     p.add_argument("kind", choices=["cost", "power", "mpl"])
     p.add_argument("--csv", required=True, help="cost: cost,score | power: compute,loss | mpl: curve,step,lr,loss")
-    p.add_argument("--c0", type=float, default=fits.PURO_C_P1_KUSD, help="cost law: the fixed cost C0 (Puro: $1.84K)")
+    p.add_argument("--c0", type=float, default=PURO_C_P1_KUSD, help="cost law: the fixed cost C0 (Puro: $1.84K)")
     p.add_argument("--invert", type=float, nargs="*", help="cost law: scores to invert into costs")
     p.add_argument("--heldout", nargs="*", help="mpl: curves left out of the fit and predicted")
     p.add_argument("--warmup-sum", type=float, default=0.0, help="mpl: S_W, the warmup learning-rate sum")
@@ -241,17 +262,17 @@ def _track_args(p: argparse.ArgumentParser) -> None:
 
 COMMANDS = {
     "plan": Command(cmd_plan, "slice plan by Puro's rules; writes each slice as a component",
-                    config=_config(PlanConfig)),
-    "run": Command(cmd_run, "proxy runs over the planned slices, then the profile", config=_config(ProxyRunConfig)),
+                    config=_config("proxy_eval.plan:PlanConfig")),
+    "run": Command(cmd_run, "proxy runs over the planned slices, then the profile", config=_config("proxy_eval.run:ProxyRunConfig")),
     "run-slice": Command(cmd_run_slice, "(internal) one slice, in a worker process", _run_slice_args),
     "eval": Command(cmd_eval, "score a trainer checkpoint or a Hugging Face model directory", _eval_args,
-                    config=_config(SuiteConfig), config_flag="--suite"),
+                    config=_config("proxy_eval.tasks:SuiteConfig"), config_flag="--suite"),
     "profile": Command(cmd_profile, "profile table from results.json files", _profile_args),
     "pca": Command(cmd_pca, "PCA of capability vectors and a biplot", _pca_args),
     "suggest": Command(cmd_suggest, "thresholds from quantile slices and a mixture spec draft", _suggest_args),
     "fit": Command(cmd_fit, "scaling-law fits from a CSV", _fit_args),
     "track": Command(cmd_track, "evaluate merges of recent checkpoints (WSM-style) along a trainer run", _track_args,
-                     config=_config(SuiteConfig), config_flag="--suite"),
+                     config=_config("proxy_eval.tasks:SuiteConfig"), config_flag="--suite"),
 }
 
 

@@ -16,11 +16,16 @@ import json
 import os
 import sys
 
-import torch
-
 from common.cli import Command, UsageError, dispatch
+from common.errors import ContractError
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+_DTYPES = ("bfloat16", "float32", "float16")      # torch dtypes by name (torch loads with the command)
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 def cmd_train(args) -> int:
@@ -37,7 +42,10 @@ def cmd_average(args) -> int:
 
     if not (args.checkpoints or args.sources):
         raise UsageError("average needs --checkpoints or --sources")
-    dtype = _DTYPES[args.dtype]
+    for path in args.sources or [args.checkpoints]:
+        if not os.path.isdir(path):
+            raise ContractError(path, "no such checkpoint directory")
+    dtype = _dtype(args.dtype)
     if args.sources:
         out = average_checkpoints(args.sources, args.out, dtype)
     else:
@@ -51,7 +59,7 @@ def cmd_average(args) -> int:
 def cmd_export(args) -> int:
     from trainer.export import export_hf
 
-    out = export_hf(args.checkpoint, args.out, tokenizer=args.tokenizer, dtype=_DTYPES[args.dtype],
+    out = export_hf(args.checkpoint, args.out, tokenizer=args.tokenizer, dtype=_dtype(args.dtype),
                     eos_token=args.eos_token)
     print(json.dumps({"out": str(out)}))
     return 0
