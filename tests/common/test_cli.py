@@ -91,6 +91,7 @@ def test_a_bug_keeps_its_traceback(tmp_path):
         from kaiyuan.__main__ import main
         sys.exit(main(["summary", "runs/x"]))
     """)
+    (tmp_path / "runs" / "x").mkdir(parents=True)
     proc = _run("-c", script, cwd=tmp_path)
     assert proc.returncode == 1
     assert "Traceback (most recent call last)" in proc.stderr and "RuntimeError: a bug in the summary" in proc.stderr
