@@ -104,7 +104,9 @@ def dispatch(doc: str, commands: dict[str, Runnable], argv: Sequence[str] | None
     return guard(prog, target, target_argv, errors=errors)
 
 
-def command_list(commands: dict[str, Runnable]) -> str:
-    """`name  help` lines of the declared commands, for a package's `-h`."""
-    width = max(map(len, commands)) + 2
-    return "\n".join(f"  {name:<{width}}{getattr(c, 'help', '')}" for name, c in commands.items())
+def job_notes() -> Callable[[str], None]:
+    """Where a job's `progress=` notes go from a command: the one reporter's `note`, so they print
+    in the same stream and order as every command's progress lines."""
+    from common.progress import Reporter
+
+    return Reporter(None, unit="step", mode="line").note

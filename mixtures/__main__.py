@@ -25,8 +25,7 @@ import argparse
 import sys
 
 from common import storage
-from common.cli import Command, dispatch
-from common.progress import Reporter
+from common.cli import Command, dispatch, job_notes
 
 
 def _spec(path: str, overrides: list[str]):
@@ -40,11 +39,6 @@ def _sft_config(path: str, overrides: list[str]):
     from mixtures.sft import SftConfig
 
     return load_config(SftConfig, path, overrides)
-
-
-def _notes() -> Reporter:
-    """The line reporter the jobs' `progress=` notes go through (the same form as every command)."""
-    return Reporter(None, unit="set", mode="line")
 
 
 def _validate(args) -> int:
@@ -77,7 +71,7 @@ def _materialize(args) -> int:
     from mixtures.materialize import materialize
 
     results = materialize(args.cfg, args.out, sets=[s for s in args.sets.split(",") if s] or None,
-                          work_dir=args.work_dir, keep_work=args.keep_work, force=args.force, progress=_notes().note)
+                          work_dir=args.work_dir, keep_work=args.keep_work, force=args.force, progress=job_notes())
     for name, m in results.items():
         print(f"{name}: {m.n_tokens:,} tokens, {m.n_docs:,} docs, {len(m.shards)} shards -> {storage.join(args.out, name)}")
     return 0
@@ -127,7 +121,7 @@ def _sft_args(ap: argparse.ArgumentParser) -> None:
 def _sft(args) -> int:
     from mixtures.sft import materialize_sft
 
-    m = materialize_sft(args.cfg, args.out, progress=_notes().note, force=args.force)
+    m = materialize_sft(args.cfg, args.out, progress=job_notes(), force=args.force)
     print(f"{args.out}: {m.n_tokens:,} tokens, {m.counts['n_loss_tokens']:,} loss tokens, {len(m.shards)} shards")
     return 0
 
@@ -143,7 +137,7 @@ def _export_args(ap: argparse.ArgumentParser) -> None:
 def _export(args) -> int:
     from mixtures.export import export_set
 
-    record = export_set(args.set, args.format, args.out, progress=_notes().note)
+    record = export_set(args.set, args.format, args.out, progress=job_notes())
     print(f"read it with: {record.read_with}")
     return 0
 
@@ -152,7 +146,7 @@ def _megatron_order(args) -> int:
     from mixtures.export import is_megatron_export
     from mixtures.megatron import keep_order
 
-    done = keep_order(args.cache_dir, is_megatron_export, progress=_notes().note)
+    done = keep_order(args.cache_dir, is_megatron_export, progress=job_notes())
     print(f"{len(done)} cached GPTDataset index set(s) now in the export's order")
     return 0 if done else 1
 

@@ -21,9 +21,8 @@ from pathlib import Path
 import importlib
 
 from common import atomic
-from common.cli import Command, dispatch
+from common.cli import Command, dispatch, job_notes
 from common.config import load_config, load_yaml, validate
-from common.progress import Reporter
 
 
 def _print(obj) -> None:
@@ -53,9 +52,7 @@ def cmd_run(args) -> int:
     from proxy_eval.run import ProxyRunner
 
     cfg = args.cfg
-    reporter = Reporter(None, unit="proxy", mode="line")
-    manifest = ProxyRunner(cfg, progress=reporter.note).run()
-    reporter.close()
+    manifest = ProxyRunner(cfg, progress=job_notes()).run()
     for line in read_profile(Path(cfg.out) / "profile").table_lines():
         print(line)
     print(json.dumps({"out": cfg.out, "steps": manifest.steps, "profile": manifest.profile}))

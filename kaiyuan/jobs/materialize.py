@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import Command
+from common.cli import Command, job_notes
 
 
 def _args(ap: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def materialize(args: argparse.Namespace) -> int:
                         "kaiyuan-materialize")
     try:
         results = run(spark, spec, out, sets=[s for s in args.sets.split(",") if s] or None, work_dir=work,
-                      keep_work=args.keep_work, force=args.force, progress=print)
+                      keep_work=args.keep_work, force=args.force, progress=job_notes())
     finally:
         spark.stop()
     for name, m in results.items():
