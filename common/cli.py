@@ -33,8 +33,8 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ContractError, OverrideError, Us
 @dataclass(frozen=True)
 class Command:
     """One subcommand. `config(path, overrides)` loads its typed config from `--config` (or
-    `config_flag`) plus trailing `key.sub=value` overrides into `args.cfg` before `run(args)`;
-    `args(parser)` adds its other arguments."""
+    `config_flag`; a name without dashes is a positional) plus trailing `key.sub=value` overrides
+    into `args.cfg` before `run(args)`; `args(parser)` adds its other arguments."""
 
     run: Callable[[argparse.Namespace], int]
     help: str = ""
@@ -43,9 +43,13 @@ class Command:
     config_flag: str = "--config"
 
     def __call__(self, argv: list[str], prog: str = "") -> int:
-        ap = argparse.ArgumentParser(prog=prog, description=self.help)
-        if self.config is not None:
+        ap = argparse.ArgumentParser(prog=prog, description=self.help,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        if self.config is not None and self.config_flag.startswith("-"):
             ap.add_argument(self.config_flag, required=True, dest="config", help="the command's YAML file")
+        elif self.config is not None:          # a positional: `python -m synth <generator> ...`
+            ap.add_argument("config", metavar=self.config_flag, help="the command's YAML file (or a built-in name)")
+        if self.config is not None:
             ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
         if self.args is not None:
             self.args(ap)
@@ -98,9 +102,9 @@ def dispatch(doc: str, commands: dict[str, Runnable], argv: Sequence[str] | None
         print(doc)
         print(f"unknown command {name!r}; commands: {', '.join(commands)}", file=sys.stderr)
         return 2
-    target, target_argv = (commands[name], rest) if name in commands else (default, argv)
+    target, target_argv, where = (commands[name], rest, f"{prog} {name}") if name in commands else (default, argv, prog)
     if isinstance(target, Command):
-        return guard(prog, target, target_argv, f"{prog} {name}".strip(), errors=errors)
+        return guard(prog, target, target_argv, where.strip(), errors=errors)
     return guard(prog, target, target_argv, errors=errors)
 
 
