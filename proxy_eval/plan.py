@@ -317,6 +317,28 @@ def slice_mixture_spec(s: "PlannedSlice", component_path: str, ids_file: str, ba
         phases=[PhaseSpec(name="slice", orders=["uniform"], components={s.component: PhaseShare()})])
 
 
+def _planned_slice(s, st: dict[str, Any], name: str, ref: ComponentRef, config: PlanConfig,
+                   id_files: dict[str, Path], out: Path) -> PlannedSlice:
+    """The plan's entry for one written slice `s` (its `st` counts), and with `spec_base` its
+    one-component mixture spec on the original component, retaining the slice's ids."""
+    ps = PlannedSlice(
+        name=s.name, component=name, kind=s.kind, percentile=s.percentile, percentile_from=s.percentile_from,
+        band=s.band, target_tokens=s.target_tokens, n_docs=st["n_docs"], n_tokens=st["n_tokens"],
+        score_field=s.score_field if s.kind == "quantile" else None,
+        score_range=(st["lo"], st["hi"]) if s.kind == "quantile" and st["n_docs"] else None,
+        path=f"slices/{s.name}" if config.write_slices else None,
+    )
+    if config.spec_base is not None:
+        ps.spec = f"specs/{s.name}.yaml"
+        spec = slice_mixture_spec(ps, str(Path(ref.path).resolve()), str(id_files[s.name].resolve()),
+                                  config.spec_base)
+        header = (f"# slice {s.name} of component {name} as a mixture spec on the original component "
+                  f"(written by `python -m proxy_eval plan`):\n# exactly the documents of slices/{s.name}/, "
+                  f"listed by id in {id_files[s.name].name}.\n")
+        atomic.write_text(out / ps.spec, header + yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
+    return ps
+
+
 def make_plan(config: PlanConfig) -> SlicePlan:
     """Decide and (optionally) write every slice; skip when a complete plan exists. Each
     component is streamed: once to spill its selection records, a few passes over those to
@@ -372,22 +394,7 @@ def make_plan(config: PlanConfig) -> SlicePlan:
         with sw(f"write.{name}"):
             stats = write_slices(component, spill, bounds, field, writers, id_files)
         for b in bounds:
-            s, st = b.spec, stats[b.spec.name]
-            ps = PlannedSlice(
-                name=s.name, component=name, kind=s.kind, percentile=s.percentile, percentile_from=s.percentile_from,
-                band=s.band, target_tokens=s.target_tokens, n_docs=st["n_docs"], n_tokens=st["n_tokens"],
-                score_field=s.score_field if s.kind == "quantile" else None,
-                score_range=(st["lo"], st["hi"]) if s.kind == "quantile" and st["n_docs"] else None,
-                path=f"slices/{s.name}" if config.write_slices else None,
-            )
-            if config.spec_base is not None:
-                ps.spec = f"specs/{s.name}.yaml"
-                spec = slice_mixture_spec(ps, str(Path(ref.path).resolve()), str(id_files[s.name].resolve()),
-                                          config.spec_base)
-                header = (f"# slice {s.name} of component {name} as a mixture spec on the original component "
-                          f"(written by `python -m proxy_eval plan`):\n# exactly the documents of slices/{s.name}/, "
-                          f"listed by id in {id_files[s.name].name}.\n")
-                atomic.write_text(out / ps.spec, header + yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False))
+            ps = _planned_slice(b.spec, stats[b.spec.name], name, ref, config, id_files, out)
             planned.append(ps)
             counts["slices"] += 1
     KeySpill(spill_path).remove()
