@@ -260,7 +260,8 @@ def _track_args(p: argparse.ArgumentParser) -> None:
 COMMANDS = {
     "plan": Command(cmd_plan, "slice plan by Puro's rules; writes each slice as a component",
                     config=_config("proxy_eval.plan:PlanConfig")),
-    "run": Command(cmd_run, "proxy runs over the planned slices, then the profile", config=_config("proxy_eval.run:ProxyRunConfig")),
+    "run": Command(cmd_run, "proxy runs over the planned slices, then the profile",
+                   config=_config("proxy_eval.run:ProxyRunConfig")),
     "run-slice": Command(cmd_run_slice, "(internal) one slice, in a worker process", _run_slice_args),
     "eval": Command(cmd_eval, "score a trainer checkpoint or a Hugging Face model directory", _eval_args,
                     config=_config("proxy_eval.tasks:SuiteConfig"), config_flag="--suite"),
