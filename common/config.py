@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from common.errors import ContractError
+from common.errors import ContractError, OverrideError
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -54,7 +54,7 @@ def contract_error(e: ValidationError, path: str | os.PathLike | None) -> Contra
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b=3` -> (['a', 'b'], 3). The value is parsed as YAML, so numbers, bools and lists work."""
     if "=" not in item:
-        raise ValueError(f"override {item!r} is not of the form key.sub=value")
+        raise OverrideError(f"override {item!r} is not of the form key.sub=value")
     key, value = item.split("=", 1)
     return key.strip().split("."), yaml.safe_load(value)
 
@@ -64,9 +64,9 @@ def _child(node: Any, key: str, item: str, create: bool) -> Any:
         try:
             return node[int(key)]
         except (ValueError, IndexError):
-            raise ValueError(f"override {item!r}: '{key}' is not an index of a list of {len(node)}") from None
+            raise OverrideError(f"override {item!r}: '{key}' is not an index of a list of {len(node)}") from None
     if not isinstance(node, dict):
-        raise ValueError(f"override {item!r}: cannot descend into '{key}' (not a mapping or list)")
+        raise OverrideError(f"override {item!r}: cannot descend into '{key}' (not a mapping or list)")
     if create:
         return node.setdefault(key, {})
     return node[key]
@@ -84,11 +84,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             try:
                 node[int(last)] = value
             except (ValueError, IndexError):
-                raise ValueError(f"override {item!r}: '{last}' is not an index of a list of {len(node)}") from None
+                raise OverrideError(f"override {item!r}: '{last}' is not an index of a list of {len(node)}") from None
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise ValueError(f"override {item!r}: cannot set '{last}' (not a mapping or list)")
+            raise OverrideError(f"override {item!r}: cannot set '{last}' (not a mapping or list)")
     return data
 
 

@@ -11,3 +11,7 @@ class ContractError(ValueError):
         self.field = field
         where = f"{self.path}" + (f": field '{field}'" if field else "")
         super().__init__(f"{where}: {message}")
+
+
+class OverrideError(ValueError):
+    """A command-line override that is not `key.sub=value`, or names a path the config lacks."""

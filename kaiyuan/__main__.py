@@ -14,57 +14,60 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
-from common.cli import dispatch
-from kaiyuan.jobs import JOBS
+from common.cli import Command, dispatch
+from common.errors import ContractError
+from kaiyuan.jobs import JOBS, job_command
 
 
-def _train_classifier(argv: list[str]) -> int:
+def _classifier_config(path: str, overrides: list[str]):
     from common.config import load_config
-    from common.errors import ContractError
-    from kaiyuan.classifier import describe_metrics, train_classifier
     from kaiyuan.config import TrainClassifierConfig
 
-    ap = argparse.ArgumentParser(prog="kaiyuan train-classifier",
-                                 description="Train a fastText quality classifier (positives vs negatives).")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--force", action="store_true", help="retrain even if the model is up to date")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
-    try:
-        cfg = load_config(TrainClassifierConfig, args.config, args.overrides)
-    except ContractError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    card = train_classifier(cfg, force=args.force)
-    print(f"{cfg.name}: {cfg.output}")
+    return load_config(TrainClassifierConfig, path, overrides)
+
+
+def _train_classifier(args) -> int:
+    from kaiyuan.classifier import describe_metrics, train_classifier
+
+    card = train_classifier(args.cfg, force=args.force)
+    print(f"{args.cfg.name}: {args.cfg.output}")
     for line in describe_metrics(card):
         print("  " + line)
     return 0
 
 
-def _summary(argv: list[str]) -> int:
+def _summary(args) -> int:
+    from common import storage
     from kaiyuan import report
 
-    ap = argparse.ArgumentParser(prog="kaiyuan summary")
-    ap.add_argument("output", help="the run's output directory")
-    args = ap.parse_args(argv)
+    if not storage.exists(args.output):
+        raise ContractError(args.output, "no such run output directory")
     print("\n".join(report.table_lines(report.collect(args.output))))
     return 0
 
 
-def _job(name: str):
-    return lambda rest: importlib.import_module("kaiyuan.jobs").main(name, rest)
+def _materialize() -> Command:
+    from kaiyuan.jobs.materialize import COMMAND
+
+    return COMMAND
+
+
+COMMANDS = {
+    **{job: job_command(job) for job in JOBS},
+    "materialize": _materialize(),
+    "train-classifier": Command(
+        _train_classifier, "Train a fastText quality classifier (positives vs negatives).",
+        lambda p: p.add_argument("--force", action="store_true", help="retrain even if the model is up to date"),
+        config=_classifier_config),
+    "summary": Command(_summary, "the documents in/out per stage and source of a run",
+                       lambda p: p.add_argument("output", help="the run's output directory")),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {**{job: _job(job) for job in JOBS},
-                "materialize": lambda rest: importlib.import_module("kaiyuan.jobs.materialize").main(rest),
-                "train-classifier": _train_classifier, "summary": _summary}
-    return dispatch(__doc__, commands, argv, errors=())
+    return dispatch(__doc__, COMMANDS, argv, prog="python -m kaiyuan")
 
 
 if __name__ == "__main__":

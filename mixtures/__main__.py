@@ -25,20 +25,28 @@ import argparse
 import sys
 
 from common import storage
-from common.cli import dispatch
-from common.errors import ContractError
+from common.cli import Command, dispatch, job_notes
 
 
-def _validate(argv: list[str]) -> int:
-    from mixtures.spec import check_components, load_spec
+def _spec(path: str, overrides: list[str]):
+    from mixtures.spec import load_spec
 
-    ap = argparse.ArgumentParser(prog="python -m mixtures validate")
-    ap.add_argument("--spec", required=True)
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
-    spec = load_spec(args.spec, args.overrides)
-    comps = check_components(spec, args.spec)
-    print(f"{args.spec}: valid (spec {spec.spec_hash()[:12]})")
+    return load_spec(path, overrides)
+
+
+def _sft_config(path: str, overrides: list[str]):
+    from common.config import load_config
+    from mixtures.sft import SftConfig
+
+    return load_config(SftConfig, path, overrides)
+
+
+def _validate(args) -> int:
+    from mixtures.spec import check_components
+
+    spec = args.cfg
+    comps = check_components(spec, args.config)
+    print(f"{args.config}: valid (spec {spec.spec_hash()[:12]})")
     for c in spec.components:
         m = comps[c.name].manifest
         score = f"{c.score_field} ({'higher' if c.higher_is_better else 'lower'} is better)" if c.score_field else "unscored"
@@ -51,35 +59,33 @@ def _validate(argv: list[str]) -> int:
     return 0
 
 
-def _materialize(argv: list[str]) -> int:
-    from mixtures.materialize import materialize
-    from mixtures.spec import load_spec
-
-    ap = argparse.ArgumentParser(prog="python -m mixtures materialize")
-    ap.add_argument("--spec", required=True)
+def _materialize_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--sets", default="", help="comma-separated set names (default: all)")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--keep-work", action="store_true")
     ap.add_argument("--force", action="store_true", help="rewrite sets that are complete")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
-    spec = load_spec(args.spec, args.overrides)
-    results = materialize(spec, args.out, sets=[s for s in args.sets.split(",") if s] or None,
-                          work_dir=args.work_dir, keep_work=args.keep_work, force=args.force, progress=print)
+
+
+def _materialize(args) -> int:
+    from mixtures.materialize import materialize
+
+    results = materialize(args.cfg, args.out, sets=[s for s in args.sets.split(",") if s] or None,
+                          work_dir=args.work_dir, keep_work=args.keep_work, force=args.force, progress=job_notes())
     for name, m in results.items():
         print(f"{name}: {m.n_tokens:,} tokens, {m.n_docs:,} docs, {len(m.shards)} shards -> {storage.join(args.out, name)}")
     return 0
 
 
-def _inspect(argv: list[str]) -> int:
-    from mixtures.inspect import inspect_sets
-
-    ap = argparse.ArgumentParser(prog="python -m mixtures inspect")
+def _inspect_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("path", help="a shard set, or a directory of shard sets")
     ap.add_argument("--plots", default=None, help="directory for PNG plots")
     ap.add_argument("--verify", action="store_true", help="re-hash every file")
-    args = ap.parse_args(argv)
+
+
+def _inspect(args) -> int:
+    from mixtures.inspect import inspect_sets
+
     lines, plots, failures = inspect_sets(args.path, args.plots, verify=args.verify)
     print("\n".join(lines))
     for p in plots:
@@ -89,71 +95,79 @@ def _inspect(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
-def _train_tokenizer(argv: list[str]) -> int:
-    from mixtures.tokenizers import sample_component_texts, train_bpe
-
-    ap = argparse.ArgumentParser(prog="python -m mixtures train-tokenizer")
+def _train_tokenizer_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--components", nargs="+", required=True, help="component directories")
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-docs", type=int, default=20_000, help="documents sampled per component")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-frequency", type=int, default=2)
-    args = ap.parse_args(argv)
+
+
+def _train_tokenizer(args) -> int:
+    from mixtures.tokenizers import sample_component_texts, train_bpe
+
     texts = sample_component_texts(args.components, args.max_docs, args.seed)
     tok = train_bpe(texts, args.vocab_size, args.out, min_frequency=args.min_frequency)
     print(f"{args.out}/tokenizer.json: vocab {tok.vocab_size}, eos {tok.eos_id}, digest {tok.identity.digest[:12]}")
     return 0
 
 
-def _sft(argv: list[str]) -> int:
-    from common.config import load_config
-    from mixtures.sft import SftConfig, materialize_sft
-
-    ap = argparse.ArgumentParser(prog="python -m mixtures sft")
-    ap.add_argument("--config", required=True)
+def _sft_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--force", action="store_true")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
-    cfg = load_config(SftConfig, args.config, args.overrides)
-    m = materialize_sft(cfg, args.out, progress=print, force=args.force)
+
+
+def _sft(args) -> int:
+    from mixtures.sft import materialize_sft
+
+    m = materialize_sft(args.cfg, args.out, progress=job_notes(), force=args.force)
     print(f"{args.out}: {m.n_tokens:,} tokens, {m.counts['n_loss_tokens']:,} loss tokens, {len(m.shards)} shards")
     return 0
 
 
-def _export(argv: list[str]) -> int:
-    from mixtures.export import FORMATS, export_set
+def _export_args(ap: argparse.ArgumentParser) -> None:
+    from mixtures.export import FORMATS
 
-    ap = argparse.ArgumentParser(prog="python -m mixtures export")
     ap.add_argument("set", help="a shard set directory (or URL)")
     ap.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
     ap.add_argument("--out", required=True, help="the export directory (or URL); must not exist")
-    args = ap.parse_args(argv)
-    record = export_set(args.set, args.format, args.out, progress=print)
+
+
+def _export(args) -> int:
+    from mixtures.export import export_set
+
+    record = export_set(args.set, args.format, args.out, progress=job_notes())
     print(f"read it with: {record.read_with}")
     return 0
 
 
-def _megatron_order(argv: list[str]) -> int:
+def _megatron_order(args) -> int:
     from mixtures.export import is_megatron_export
     from mixtures.megatron import keep_order
 
-    ap = argparse.ArgumentParser(prog="python -m mixtures megatron-order")
-    ap.add_argument("cache_dir", help="Megatron's --data-cache-path after it built its indices")
-    args = ap.parse_args(argv)
-    done = keep_order(args.cache_dir, is_megatron_export, progress=print)
+    done = keep_order(args.cache_dir, is_megatron_export, progress=job_notes())
     print(f"{len(done)} cached GPTDataset index set(s) now in the export's order")
     return 0 if done else 1
 
 
-COMMANDS = {"validate": _validate, "materialize": _materialize, "inspect": _inspect,
-            "train-tokenizer": _train_tokenizer, "sft": _sft, "export": _export,
-            "megatron-order": _megatron_order}
+COMMANDS = {
+    "validate": Command(_validate, "check a spec before any work", config=_spec, config_flag="--spec"),
+    "materialize": Command(_materialize, "write every shard set of the spec locally", _materialize_args,
+                           config=_spec, config_flag="--spec"),
+    "inspect": Command(_inspect, "per-segment composition and mean rank of each set", _inspect_args),
+    "train-tokenizer": Command(_train_tokenizer, "train a byte-level BPE on a sample of components",
+                               _train_tokenizer_args),
+    "sft": Command(_sft, "render chat records into tokens + loss masks and pack them", _sft_args,
+                   config=_sft_config),
+    "export": Command(_export, "a shard set as Megatron / HF datasets / nanotron files", _export_args),
+    "megatron-order": Command(_megatron_order, "rewrite Megatron's cached indices to the export's order",
+                              lambda ap: ap.add_argument("cache_dir", help="Megatron's --data-cache-path")),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(__doc__, COMMANDS, argv, errors=(ContractError, FileNotFoundError))
+    return dispatch(__doc__, COMMANDS, argv, prog="python -m mixtures")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from common.component import Component
 from common.errors import ContractError
 from common.hashing import sha256_file
 from common.log import get_logger
+from common.progress import progress_text
 from common.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
 from mixtures.plan import (ComponentColumns, Pool, StreamPlan, bucket_stats, holdout_masks, plan_eval,
                            plan_phase_pool, plan_stream, retention_mask)
@@ -317,6 +318,13 @@ def component_uses_from(spec: MixtureSpec, phase: str | None, *, paths: dict[str
     return out
 
 
+def set_progress(progress: Callable[[str], None] | None, done: int, total: int) -> Callable[[str], None] | None:
+    """A set's notes in the one progress form: `set 2/3 | wrote p2-curriculum: ...`."""
+    if progress is None:
+        return None
+    return lambda message: progress(progress_text("set", done, total, message))
+
+
 def write_set(final_dir: Path, set_name: str, plan: StreamPlan, doc_source: Callable[[int, int], np.ndarray],
               doc_id: Callable[[int, int], str], spec: MixtureSpec, tokenizer: Tokenizer, *, phase: str | None,
               order: str, pool: Pool | None, components: list[ComponentUse], inputs: list,
@@ -413,12 +421,12 @@ def _materialize(spec: MixtureSpec | str | os.PathLike, out_dir: str | os.PathLi
     doc_source = lambda ci, row: readers[ci](row)  # noqa: E731
     doc_id = lambda ci, row: str(ids[ci][row])  # noqa: E731
     try:
-        for name, phase, order in todo:
+        for i, (name, phase, order) in enumerate(todo, 1):
             plan = stream_plan(spec, planned, phase, order)
             uses = component_uses(spec, planned, plan, opened, records, phase)
             results[name] = write_set(set_dir(name), name, plan, doc_source, doc_id, spec, tokenizer, phase=phase,
                                       order=order, pool=planned.pools.get(phase) if phase else None, components=uses,
-                                      inputs=inputs, progress=progress)
+                                      inputs=inputs, progress=set_progress(progress, i, len(todo)))
     finally:
         for r in readers.values():
             r.close()

@@ -16,42 +16,43 @@ import argparse
 import csv
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
+import importlib
+
 from common import atomic
+from common.cli import Command, dispatch, job_notes
 from common.config import load_config, load_yaml, validate
-from common.errors import ContractError
-from proxy_eval import fits
-from proxy_eval.contracts import PcaFile, SuiteResults, TrackFile
-from proxy_eval.decide import suggest_from_plan
-from proxy_eval.evaluate import evaluate_suite, load_suite
-from proxy_eval.loading import open_scorer
-from proxy_eval.merge import best_per_point, track_run
-from proxy_eval.pca import biplot, capability_pca
-from proxy_eval.plan import PlanConfig, make_plan
-from proxy_eval.profiles import build_profile, read_profile
-from proxy_eval.run import ProxyRunConfig, ProxyRunner, run_one_slice
-from proxy_eval.slices import describe_plan
-from proxy_eval.tasks import SuiteConfig
 
 
 def _print(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
+def _config(where: str):
+    """The loader of a command's typed config `module:Class` (imported when the command runs, so
+    a bad config fails before torch and the model code load)."""
+    module, name = where.split(":")
+    return lambda path, overrides: load_config(getattr(importlib.import_module(module), name), path, overrides)
+
+
 def cmd_plan(args) -> int:
-    cfg = load_config(PlanConfig, args.config, args.overrides)
-    plan = make_plan(cfg)
+    from proxy_eval.plan import make_plan
+    from proxy_eval.slices import describe_plan
+
+    plan = make_plan(args.cfg)
     for line in describe_plan(plan.decisions):
         print(line)
-    print(json.dumps({"out": cfg.out, "slices": [s.name for s in plan.slices]}))
+    print(json.dumps({"out": args.cfg.out, "slices": [s.name for s in plan.slices]}))
     return 0
 
 
 def cmd_run(args) -> int:
-    cfg = load_config(ProxyRunConfig, args.config, args.overrides)
-    manifest = ProxyRunner(cfg, progress=lambda m: print(f"[proxy] {m}", flush=True)).run()
+    from proxy_eval.profiles import read_profile
+    from proxy_eval.run import ProxyRunner
+
+    cfg = args.cfg
+    manifest = ProxyRunner(cfg, progress=job_notes()).run()
     for line in read_profile(Path(cfg.out) / "profile").table_lines():
         print(line)
     print(json.dumps({"out": cfg.out, "steps": manifest.steps, "profile": manifest.profile}))
@@ -59,6 +60,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_run_slice(args) -> int:
+    from proxy_eval.run import ProxyRunConfig, run_one_slice
+
     cfg = validate(ProxyRunConfig, json.loads(Path(args.config).read_text()), args.config)
     m = run_one_slice(cfg, args.slice, args.steps)
     print(json.dumps({"slice": m.slice, "checkpoint": m.checkpoint}))
@@ -66,7 +69,10 @@ def cmd_run_slice(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    suite = load_config(SuiteConfig, args.suite, args.overrides)
+    from proxy_eval.evaluate import evaluate_suite, load_suite
+    from proxy_eval.loading import open_scorer
+
+    suite = args.cfg
     if args.skip_bad_records:
         suite = suite.model_copy(update={"tasks": [t.model_copy(update={"bad_records": "skip"}) for t in suite.tasks]})
     tasks = load_suite(suite)               # bad benchmark records stop here, before a model loads
@@ -81,6 +87,8 @@ def cmd_eval(args) -> int:
 
 
 def _results_rows(items: list[str]) -> list[dict]:
+    from proxy_eval.contracts import SuiteResults
+
     rows = []
     for item in items:
         name, _, path = item.rpartition("=")
@@ -90,6 +98,8 @@ def _results_rows(items: list[str]) -> list[dict]:
 
 
 def cmd_profile(args) -> int:
+    from proxy_eval.profiles import build_profile
+
     profile = build_profile(_results_rows(args.results))
     paths = profile.write(args.out)
     for line in profile.table_lines():
@@ -105,6 +115,10 @@ def _capability_matrix(profile, level: str, exclude: set[str]):
 
 
 def cmd_pca(args) -> int:
+    from proxy_eval.contracts import PcaFile
+    from proxy_eval.pca import biplot, capability_pca
+    from proxy_eval.profiles import read_profile
+
     profile = read_profile(args.profile)
     table = _capability_matrix(profile, args.level, set(filter(None, args.exclude.split(","))))
     anchors = [a for a in args.anchors.split(",") if a] if args.anchors else None
@@ -131,6 +145,9 @@ def _parse_weights(text: str | None) -> dict[str, float] | None:
 
 
 def cmd_suggest(args) -> int:
+    from proxy_eval.decide import suggest_from_plan
+    from proxy_eval.profiles import read_profile
+
     profile = read_profile(args.profile)
     base = load_yaml(args.base_spec) if args.base_spec else {}
     result = suggest_from_plan(
@@ -149,30 +166,12 @@ def cmd_suggest(args) -> int:
 
 
 def cmd_fit(args) -> int:
+    from proxy_eval import fits
+
     with open(args.csv, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    if args.kind == "cost":
-        fit = fits.fit_cost_law([float(r["cost"]) for r in rows], [float(r["score"]) for r in rows], c0=args.c0)
-        out = {"law": "P = a + b*log2(C - C0)", "a": fit.a, "b": fit.b, "c0": fit.c0, "rmse": fit.rmse,
-               "inversions": {str(p): fit.invert(p) for p in (args.invert or [])}}
-    elif args.kind == "power":
-        fit = fits.fit_power_law([float(r["compute"]) for r in rows], [float(r["loss"]) for r in rows])
-        out = {"law": "L = a*C^b + c", "a": fit.a, "b": fit.b, "c": fit.c, "rmse": fit.rmse}
-    else:
-        by: dict[str, list[dict]] = defaultdict(list)
-        for r in rows:
-            by[r["curve"]].append(r)
-        curves = {}
-        for name, rs in by.items():
-            rs.sort(key=lambda r: int(r["step"]))
-            lrs = [float(r["lr"]) for r in rs]
-            obs = [(int(r["step"]), float(r["loss"])) for r in rs if r.get("loss") not in (None, "")]
-            curves[name] = fits.Curve(lrs, [s for s, _ in obs], [v for _, v in obs], args.warmup_sum, None, name)
-        held = set(args.heldout or [])
-        fit = fits.fit_mpl([c for n, c in curves.items() if n not in held])
-        out = {"law": "Multi-Power Law (Luo et al. 2025)", "params": fit.params.to_dict(), "rmse": fit.rmse,
-               "per_curve_rmse": fit.per_curve_rmse,
-               "heldout_rmse": {n: fit.heldout_rmse(curves[n]) for n in held if n in curves}}
+    out = fits.fit_rows(args.kind, rows, c0=args.c0, invert=args.invert or [], heldout=args.heldout or [],
+                        warmup_sum=args.warmup_sum)
     _print(out)
     if args.out:
         atomic.write_json(args.out, out)
@@ -180,50 +179,25 @@ def cmd_fit(args) -> int:
 
 
 def cmd_track(args) -> int:
-    suite = load_config(SuiteConfig, args.suite, args.overrides)
+    from proxy_eval.merge import track_run, write_track
+
     windows = [int(w) for w in args.windows.split(",") if w]
-    points = track_run(args.run, suite, windows=windows, shape=args.shape, tokenizer=args.tokenizer, at=args.at,
+    points = track_run(args.run, args.cfg, windows=windows, shape=args.shape, tokenizer=args.tokenizer, at=args.at,
                        batch_size=args.batch_size)
-    best = best_per_point(points)
-    out = Path(args.out)
-    TrackFile(shape=args.shape, windows=windows, points=[p.to_dict() for p in points],
-              best={str(k): v.to_dict() for k, v in best.items()}).write(out / "track.json")
-    lines = ["end_step,window,average," + ",".join(sorted(points[0].scores))]
-    for p in points:
-        lines.append(f"{p.end_step},{p.window},{p.average:.6g}," + ",".join(f"{p.scores[t]:.6g}" for t in sorted(p.scores)))
-        print(f"step {p.end_step:>7}  window {p.window:>3}  average {p.average:.4f}")
-    atomic.write_text(out / "track.csv", "\n".join(lines) + "\n")
-    for step, p in sorted(best.items()):
-        raw = next(q for q in points if q.end_step == step and q.window == 0)
-        print(f"step {step}: best merge window {p.window} ({p.average:.4f}) vs raw checkpoint ({raw.average:.4f})")
-    print(json.dumps({"track": str(out / "track.json")}))
+    for line in write_track(args.out, points, args.shape, windows):
+        print(line)
+    print(json.dumps({"track": str(Path(args.out) / "track.json")}))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m proxy_eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("plan", help="slice plan by Puro's rules; writes each slice as a component")
-    p.add_argument("--config", required=True)
-    p.add_argument("overrides", nargs="*")
-    p.set_defaults(fn=cmd_plan)
-
-    p = sub.add_parser("run", help="proxy runs over the planned slices, then the profile")
-    p.add_argument("--config", required=True)
-    p.add_argument("overrides", nargs="*")
-    p.set_defaults(fn=cmd_run)
-
-    p = sub.add_parser("run-slice", help="(internal) one slice, in a worker process")
+def _run_slice_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--slice", required=True)
     p.add_argument("--steps", type=int, default=None)
-    p.set_defaults(fn=cmd_run_slice)
 
-    p = sub.add_parser("eval", help="score a trainer checkpoint or a Hugging Face model directory")
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
-    p.add_argument("--suite", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--name", default=None)
@@ -232,23 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-bad-records", action="store_true",
                    help="leave out records that do not fit their layout (counted in results.json) instead of "
                         "stopping at the first")
-    p.add_argument("overrides", nargs="*")
-    p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("profile", help="profile table from results.json files")
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", nargs="+", required=True, help="[NAME=]path/to/results.json (or its directory)")
     p.add_argument("--out", required=True)
-    p.set_defaults(fn=cmd_profile)
 
-    p = sub.add_parser("pca", help="PCA of capability vectors and a biplot")
+
+def _pca_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--level", choices=["groups", "tasks"], default="groups")
     p.add_argument("--anchors", default="General,Math", help="variables that load positively on PC1, PC2, ...")
     p.add_argument("--exclude", default="base", help="rows to leave out (comma-separated)")
-    p.set_defaults(fn=cmd_pca)
 
-    p = sub.add_parser("suggest", help="thresholds from quantile slices and a mixture spec draft")
+
+def _suggest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True)
     p.add_argument("--plan", required=True)
     p.add_argument("--out", required=True)
@@ -260,36 +233,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exclude", default="base")
     p.add_argument("--base-spec", default=None, help="YAML with tokenizer, seq_len, seeds, ... for the draft")
     p.add_argument("--name", default="proxy-suggestion")
-    p.set_defaults(fn=cmd_suggest)
 
-    p = sub.add_parser("fit", help="scaling-law fits from a CSV")
+
+def _fit_args(p: argparse.ArgumentParser) -> None:
+    from proxy_eval.fits import PURO_C_P1_KUSD
+
     p.add_argument("kind", choices=["cost", "power", "mpl"])
     p.add_argument("--csv", required=True, help="cost: cost,score | power: compute,loss | mpl: curve,step,lr,loss")
-    p.add_argument("--c0", type=float, default=1.84, help="cost law: the fixed cost C0 (Puro: $1.84K)")
+    p.add_argument("--c0", type=float, default=PURO_C_P1_KUSD, help="cost law: the fixed cost C0 (Puro: $1.84K)")
     p.add_argument("--invert", type=float, nargs="*", help="cost law: scores to invert into costs")
     p.add_argument("--heldout", nargs="*", help="mpl: curves left out of the fit and predicted")
     p.add_argument("--warmup-sum", type=float, default=0.0, help="mpl: S_W, the warmup learning-rate sum")
     p.add_argument("--out", default=None)
-    p.set_defaults(fn=cmd_fit)
 
-    p = sub.add_parser("track", help="evaluate merges of recent checkpoints (WSM-style) along a trainer run")
+
+def _track_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True, help="a trainer run directory (or its checkpoints/)")
-    p.add_argument("--suite", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--windows", default="5,10,20", help="updates per merge window (checkpoints - 1)")
     p.add_argument("--shape", default="1-sqrt", choices=["1-sqrt", "linear", "cosine", "constant", "equal"])
     p.add_argument("--at", default="latest", choices=["latest", "all"])
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("overrides", nargs="*")
-    p.set_defaults(fn=cmd_track)
 
-    args = ap.parse_args(argv)
-    try:
-        return args.fn(args)
-    except ContractError as e:          # bad input, not a bug: one line, exit 2
-        print(f"python -m proxy_eval: error: {e}", file=sys.stderr)
-        return 2
+
+COMMANDS = {
+    "plan": Command(cmd_plan, "slice plan by Puro's rules; writes each slice as a component",
+                    config=_config("proxy_eval.plan:PlanConfig")),
+    "run": Command(cmd_run, "proxy runs over the planned slices, then the profile",
+                   config=_config("proxy_eval.run:ProxyRunConfig")),
+    "run-slice": Command(cmd_run_slice, "(internal) one slice, in a worker process", _run_slice_args),
+    "eval": Command(cmd_eval, "score a trainer checkpoint or a Hugging Face model directory", _eval_args,
+                    config=_config("proxy_eval.tasks:SuiteConfig"), config_flag="--suite"),
+    "profile": Command(cmd_profile, "profile table from results.json files", _profile_args),
+    "pca": Command(cmd_pca, "PCA of capability vectors and a biplot", _pca_args),
+    "suggest": Command(cmd_suggest, "thresholds from quantile slices and a mixture spec draft", _suggest_args),
+    "fit": Command(cmd_fit, "scaling-law fits from a CSV", _fit_args),
+    "track": Command(cmd_track, "evaluate merges of recent checkpoints (WSM-style) along a trainer run", _track_args,
+                     config=_config("proxy_eval.tasks:SuiteConfig"), config_flag="--suite"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(__doc__, COMMANDS, argv, prog="python -m proxy_eval")
 
 
 if __name__ == "__main__":

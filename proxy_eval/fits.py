@@ -261,3 +261,38 @@ def fit_mpl(curves: Sequence[Curve], init: MPLParams | None = None, robust: bool
     per = {c.name or f"curve{i}": rmse(mpl_loss(c.lrs, params, c.steps, c.warmup_sum, c.eta0), c.loss)
            for i, c in enumerate(curves)}
     return MPLFit(params, total, per, bool(sol.success), str(sol.message))
+
+
+# ---- the fits of `python -m proxy_eval fit`: a CSV in, a report out ---------------------------
+
+def _mpl_curves(rows: list[dict], warmup_sum: float) -> dict[str, Curve]:
+    """`curve,step,lr,loss` rows as one `Curve` per name (steps without a loss are schedule only)."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["curve"], []).append(r)
+    curves = {}
+    for name, rs in by.items():
+        rs.sort(key=lambda r: int(r["step"]))
+        obs = [(int(r["step"]), float(r["loss"])) for r in rs if r.get("loss") not in (None, "")]
+        curves[name] = Curve([float(r["lr"]) for r in rs], [s for s, _ in obs], [v for _, v in obs],
+                             warmup_sum, None, name)
+    return curves
+
+
+def fit_rows(kind: str, rows: list[dict], *, c0: float = PURO_C_P1_KUSD, invert: Sequence[float] = (),
+             heldout: Sequence[str] = (), warmup_sum: float = 0.0) -> dict:
+    """The report of one fit of CSV rows: `cost` (cost,score), `power` (compute,loss) or `mpl`
+    (curve,step,lr,loss; `heldout` curves are left out of the fit and predicted)."""
+    if kind == "cost":
+        fit = fit_cost_law([float(r["cost"]) for r in rows], [float(r["score"]) for r in rows], c0=c0)
+        return {"law": "P = a + b*log2(C - C0)", "a": fit.a, "b": fit.b, "c0": fit.c0, "rmse": fit.rmse,
+                "inversions": {str(p): fit.invert(p) for p in invert}}
+    if kind == "power":
+        pfit = fit_power_law([float(r["compute"]) for r in rows], [float(r["loss"]) for r in rows])
+        return {"law": "L = a*C^b + c", "a": pfit.a, "b": pfit.b, "c": pfit.c, "rmse": pfit.rmse}
+    curves = _mpl_curves(rows, warmup_sum)
+    held = set(heldout)
+    mfit = fit_mpl([c for n, c in curves.items() if n not in held])
+    return {"law": "Multi-Power Law (Luo et al. 2025)", "params": mfit.params.to_dict(), "rmse": mfit.rmse,
+            "per_curve_rmse": mfit.per_curve_rmse,
+            "heldout_rmse": {n: mfit.heldout_rmse(curves[n]) for n in held if n in curves}}

@@ -128,3 +128,25 @@ def best_per_point(points: Sequence[TrackPoint]) -> dict[int, TrackPoint]:
         if p.end_step not in best or p.average > best[p.end_step].average:
             best[p.end_step] = p
     return best
+
+
+def write_track(out: str | os.PathLike, points: Sequence[TrackPoint], shape: str, windows: Sequence[int]) -> list[str]:
+    """Write `track.json` (every point and the best merge per end step) and `track.csv` under
+    `out`; the lines that tell a user how each merge did against its raw checkpoint."""
+    from common import atomic
+    from proxy_eval.contracts import TrackFile
+
+    best = best_per_point(points)
+    out = Path(out)
+    TrackFile(shape=shape, windows=list(windows), points=[p.to_dict() for p in points],
+              best={str(k): v.to_dict() for k, v in best.items()}).write(out / "track.json")
+    tasks = sorted(points[0].scores)
+    rows = ["end_step,window,average," + ",".join(tasks)]
+    rows += [f"{p.end_step},{p.window},{p.average:.6g}," + ",".join(f"{p.scores[t]:.6g}" for t in tasks)
+             for p in points]
+    atomic.write_text(out / "track.csv", "\n".join(rows) + "\n")
+    lines = [f"step {p.end_step:>7}  window {p.window:>3}  average {p.average:.4f}" for p in points]
+    for step, p in sorted(best.items()):
+        raw = next(q for q in points if q.end_step == step and q.window == 0)
+        lines.append(f"step {step}: best merge window {p.window} ({p.average:.4f}) vs raw checkpoint ({raw.average:.4f})")
+    return lines

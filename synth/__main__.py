@@ -1,7 +1,9 @@
 """`python -m synth <generator> --out DIR [--endpoint URL]... [--model NAME] [--backend openai|batch|vllm] [key=value ...]`
 
-Runs a generator (a built-in name such as `reasoning_pairs`, or a YAML path); `key.sub=value`
-overrides any config field (`source.n=20`, `steps.0.n=8`). Other commands:
+Runs a generator (a built-in name such as `reasoning_pairs`, a domain generator such as `text_to_sql`,
+`tool_use`, `tool_use_conversational`, `code_concepts`, `finance`, `mcq`, or a YAML path; a YAML's
+`imports:` register its sources and steps); `key.sub=value` overrides any config field
+(`source.n=20`, `steps.0.n=8`). Other commands:
 
     python -m synth list                                  generators, steps, sources, verifiers
     python -m synth export RUN_DIR [--formats jsonl,parquet,datasets] [--out DIR]
@@ -18,9 +20,8 @@ import signal
 import sys
 from pathlib import Path
 
-from common.cli import dispatch
+from common.cli import Command, dispatch
 from common import atomic
-from common.errors import ContractError
 from common.records import read_records, write_records
 from synth import servers
 from synth.client import CircuitOpenError, EndpointNotReady, RequestRejected
@@ -33,11 +34,7 @@ from synth.verify import VERIFIERS
 
 
 
-def _run_generator(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth <generator>", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("generator", help="built-in name or path to a generator YAML")
-    ap.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
+def _generator_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, type=Path, help="output directory (resumes a run found there)")
     ap.add_argument("--endpoint", action="append", default=[], help="teacher base URL (repeat for several)")
     ap.add_argument("--model", help="served model name for every teacher")
@@ -47,9 +44,10 @@ def _run_generator(argv: list[str]) -> int:
                     help="apply --endpoint/--model/--backend only to these teacher roles")
     ap.add_argument("--fresh", action="store_true", help="restart: forget finished prompts (the cache is kept)")
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_intermixed_args(argv)
-    cfg = load_generator(args.generator, args.overrides)
-    cfg = apply_teacher_overrides(cfg, args.endpoint, args.model, args.backend, args.teacher_role)
+
+
+def _run_generator(args: argparse.Namespace) -> int:
+    cfg = apply_teacher_overrides(args.cfg, args.endpoint, args.model, args.backend, args.teacher_role)
     res = run(cfg, args.out, fresh=args.fresh, progress=not args.no_progress)
     m = res.manifest
     if m.status != "complete":
@@ -66,7 +64,7 @@ def _run_generator(argv: list[str]) -> int:
     return 0
 
 
-def _list(argv: list[str]) -> int:
+def _list(args: argparse.Namespace) -> int:
     here = Path(__file__).resolve().parent
     gens = sorted(str(p.relative_to(here)) for d in ("generators", "domains") for p in (here / d).glob("*.yaml"))
     print("generators:", ", ".join(gens))
@@ -77,24 +75,26 @@ def _list(argv: list[str]) -> int:
     return 0
 
 
-def _export(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth export")
+def _export_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--formats", default="jsonl,parquet,datasets")
-    a = ap.parse_args(argv)
+
+
+def _export(a: argparse.Namespace) -> int:
     m = export_run(a.run_dir, a.out, [f for f in a.formats.split(",") if f])
     print(json.dumps(m["splits"]), "->", a.out or a.run_dir / "export")
     return 0
 
 
-def _clean(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth clean")
+def _clean_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("records", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--eval", action="append", default=[], help="PATH:FIELD[,FIELD] (jsonl/parquet/datasets dir)")
     ap.add_argument("--n", type=int, default=13)
-    a = ap.parse_args(argv)
+
+
+def _clean(a: argparse.Namespace) -> int:
     specs = []
     for e in a.eval:
         path, _, fields = e.rpartition(":") if ":" in e else (e, "", "question")
@@ -108,8 +108,7 @@ def _clean(argv: list[str]) -> int:
     return 0
 
 
-def _serve(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m synth serve")
+def _serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("kind", choices=["vllm", "llamacpp"])
     ap.add_argument("--model", help="HF directory (vllm) or GGUF file (llamacpp); default: the SmolLM2 teacher")
     ap.add_argument("--served-name", default="teacher")
@@ -118,7 +117,9 @@ def _serve(argv: list[str]) -> int:
     ap.add_argument("--tool-parser", help="vLLM: serve native tool calls with this --tool-call-parser (e.g. hermes)")
     ap.add_argument("--chat-template", help="vLLM: a Jinja chat template (default with --tool-parser and the SmolLM2 "
                                             "teacher: synth/templates/smollm2_tools.jinja)")
-    a = ap.parse_args(argv)
+
+
+def _serve(a: argparse.Namespace) -> int:
     extra = {k: v for k, v in (("tool_parser", a.tool_parser), ("chat_template", a.chat_template)) if v}
     spec = servers.default_spec(a.kind, model=a.model, served_name=a.served_name, port=a.port, python=a.python, **extra)
 
@@ -140,10 +141,18 @@ def _serve(argv: list[str]) -> int:
     return 0
 
 
+GENERATOR = Command(_run_generator, __doc__, _generator_args, config=load_generator, config_flag="generator")
+COMMANDS = {
+    "list": Command(_list, "generators, steps, sources, verifiers"),
+    "export": Command(_export, "a run's records as jsonl / parquet / datasets splits", _export_args),
+    "clean": Command(_clean, "decontaminate records against evaluation sets", _clean_args),
+    "serve": Command(_serve, "a local vLLM or llama.cpp teacher in the foreground", _serve_args),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(__doc__, {"list": _list, "export": _export, "clean": _clean, "serve": _serve}, argv,
-                    default=_run_generator, prog="python -m synth",
-                    errors=(ContractError, CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError))
+    return dispatch(__doc__, COMMANDS, argv, default=GENERATOR, prog="python -m synth",
+                    errors=(CircuitOpenError, EndpointNotReady, RequestRejected, ServerError, ValueError))
 
 
 if __name__ == "__main__":

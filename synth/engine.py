@@ -23,13 +23,10 @@ import asyncio
 import importlib
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-
-from tqdm import tqdm
 
 from common import atomic
 from common.sandbox import isolation_status
@@ -37,6 +34,7 @@ from common.config import load_config
 from common.errors import ContractError
 from common.hashing import canonical_json, config_hash
 from common.log import get_logger
+from common.progress import Reporter, progress_text
 from common.manifest import RunManifest
 from common.records import SynthRecord, validate_record
 from synth.backends import make_backend
@@ -238,14 +236,17 @@ def format_eta(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def progress_line(done: int, total: int, completion_tokens: int, elapsed_s: float, errors: int = 0,
-                  limits: dict[str, int] | None = None) -> str:
-    """One progress line: prompts done, completion tokens/s since the start (live: counted per
+def progress_message(done: int, total: int, completion_tokens: int, elapsed_s: float, errors: int = 0,
+                     limits: dict[str, int] | None = None, accepted: int = 0, generated: int = 0) -> str:
+    """The figures beside the prompt count: completion tokens/s since the start (live: counted per
     answer, so a run whose prompts take long still shows the teacher working), the ETA from the
-    prompt rate so far, and the concurrency each endpoint is allowed now."""
+    prompt rate so far, the share of candidates accepted, and the concurrency each endpoint is
+    allowed now."""
     rate = completion_tokens / elapsed_s if elapsed_s > 0 else 0.0
     eta = elapsed_s / done * (total - done) if done else None
-    line = f"{done}/{total} prompts, {rate:.0f} tok/s, ETA {format_eta(eta)}"
+    line = f"{rate:.0f} tok/s, ETA {format_eta(eta)}"
+    if generated:
+        line += f", accept {accepted / generated:.0%}"
     if errors:
         line += f", {errors} failed"
     if limits:
@@ -258,8 +259,10 @@ ProgressReport = Callable[[str], None]
 
 @dataclass
 class Progress:
-    """A tqdm bar on a terminal (or a line every `every_s` seconds to `report`, e.g. a pipeline's
-    log), refreshed by `tick` with the live token count even while no prompt finishes."""
+    """The run's counters, shown through the one `common.progress.Reporter`: a bar on a terminal,
+    a `prompt <done>/<total> | <figures>` line every `every_s` seconds (to `report` when given, e.g.
+    a pipeline's log), or nothing; `tick` refreshes the live token count even while no prompt
+    finishes."""
     total: int
     done: int = 0
     records: int = 0
@@ -271,49 +274,49 @@ class Progress:
     enabled: bool = True
     report: ProgressReport | None = None
     every_s: float = 30.0
-    _bar: Any = None
+    limits: dict[str, int] = field(default_factory=dict)
+    _reporter: Any = None
 
     def __post_init__(self) -> None:
-        if self.enabled and self.report is None:
-            self._bar = tqdm(total=self.total, unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True,
-                             disable=None if sys.stderr.isatty() else False)
+        mode = "none" if not self.enabled else ("line" if self.report is not None else "auto")
+        self._reporter = Reporter(self.total, unit="prompt", mode=mode, every_s=self.every_s, write=self.report)
 
-    def _postfix(self) -> str:
-        dt = max(1e-9, time.perf_counter() - self.t0)
-        acc = self.accepted / self.generated if self.generated else 0.0
-        return (f"records={self.records} accept={acc:.0%} tok/s={self.completion_tokens / dt:.0f}"
-                + (f" errors={self.errors}" if self.errors else ""))
+    @property
+    def enabled_line(self) -> bool:
+        return self._reporter.mode == "line"
+
+    def message(self) -> str:
+        return progress_message(self.done, self.total, self.completion_tokens, time.perf_counter() - self.t0,
+                                self.errors, self.limits, self.accepted, self.generated)
 
     def update(self, row: Row) -> None:
         self.done += 1
         self.records += len(row.records)
         self.generated += sum(len(v) for v in row.candidates.values())
         self.accepted += sum(1 for v in row.candidates.values() for c in v if c.alive)
-        if self._bar is not None:
-            self._bar.set_postfix_str(self._postfix(), refresh=False)
-            self._bar.update(1)
+        if not self.enabled_line:                    # the bar moves per prompt; lines come from the heartbeat
+            self._reporter.update(self.done, self.message())
 
     def tick(self, completion_tokens: int, limits: dict[str, int]) -> None:
-        self.completion_tokens = completion_tokens
-        if self._bar is not None:
-            self._bar.set_postfix_str(self._postfix() + " concurrency=" + ",".join(map(str, limits.values())))
-        elif self.report is not None:
-            self.report(progress_line(self.done, self.total, completion_tokens, time.perf_counter() - self.t0,
-                                      self.errors, limits))
+        self.completion_tokens, self.limits = completion_tokens, limits
+        self._reporter.update(self.done, self.message())
 
     async def heartbeat(self, env: "RunEnv") -> None:
         """Tick every `every_s` seconds (the bar: every 2 s) until cancelled."""
         if not self.enabled:
             return
         while True:
-            await asyncio.sleep(self.every_s if self._bar is None else 2.0)
+            await asyncio.sleep(self.every_s if self.enabled_line else 2.0)
             self.tick(env.completion_tokens(), env.endpoint_limits())
 
     def close(self, env: "RunEnv | None" = None) -> None:
-        if env is not None and self.report is not None and self.enabled:
-            self.tick(env.completion_tokens(), env.endpoint_limits())     # the closing line
-        if self._bar is not None:
-            self._bar.close()
+        if env is not None and self.enabled:
+            self.completion_tokens, self.limits = env.completion_tokens(), env.endpoint_limits()
+            if self.enabled_line:                                        # the closing line
+                self._reporter.note(progress_text("prompt", self.done, self.total, self.message()))
+            else:
+                self._reporter.update(self.done, self.message())
+        self._reporter.close()
 
 
 # ---- the run ------------------------------------------------------------------------------------

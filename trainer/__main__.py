@@ -16,19 +16,22 @@ import json
 import os
 import sys
 
-import torch
-
+from common.cli import Command, UsageError, dispatch
 from common.errors import ContractError
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+_DTYPES = ("bfloat16", "float32", "float16")      # torch dtypes by name (torch loads with the command)
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 def cmd_train(args) -> int:
-    from trainer.config import load_run_config
     from trainer.train import train
 
-    cfg = load_run_config(args.config, args.overrides)
-    summary = train(cfg, allow_config_change=tuple(args.allow_config_change))
+    summary = train(args.cfg, allow_config_change=tuple(args.allow_config_change))
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: summary[k] for k in ("run_dir", "step", "tokens_seen", "eval_loss", "checkpoint")}))
     return 0
@@ -37,7 +40,12 @@ def cmd_train(args) -> int:
 def cmd_average(args) -> int:
     from trainer.average import average_checkpoints, average_last
 
-    dtype = _DTYPES[args.dtype]
+    if not (args.checkpoints or args.sources):
+        raise UsageError("average needs --checkpoints or --sources")
+    for path in args.sources or [args.checkpoints]:
+        if not os.path.isdir(path):
+            raise ContractError(path, "no such checkpoint directory")
+    dtype = _dtype(args.dtype)
     if args.sources:
         out = average_checkpoints(args.sources, args.out, dtype)
     else:
@@ -51,7 +59,7 @@ def cmd_average(args) -> int:
 def cmd_export(args) -> int:
     from trainer.export import export_hf
 
-    out = export_hf(args.checkpoint, args.out, tokenizer=args.tokenizer, dtype=_DTYPES[args.dtype],
+    out = export_hf(args.checkpoint, args.out, tokenizer=args.tokenizer, dtype=_dtype(args.dtype),
                     eos_token=args.eos_token)
     print(json.dumps({"out": str(out)}))
     return 0
@@ -96,69 +104,75 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
+def _key_list(text: str) -> list[str]:
+    return [k for k in text.split(",") if k]
 
-    p = sub.add_parser("train", help="train or resume a run")
-    p.add_argument("--config", required=True)
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    p.add_argument("--allow-config-change", action="extend", default=[], metavar="KEY[,KEY...]",
-                   type=lambda v: [k for k in v.split(",") if k],
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-config-change", action="extend", default=[], metavar="KEY[,KEY...]", type=_key_list,
                    help="config keys a resume may change although they alter the model or the data order "
                         "(d_model, precision, global_batch, seed, seq_len, ...)")
-    p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("average", help="CMA: equal-weight average of checkpoints (BF16)")
+
+def _average_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoints", help="a run dir or its checkpoints/ dir")
     p.add_argument("--sources", nargs="*", help="explicit checkpoint dirs instead of --checkpoints")
     p.add_argument("--out", required=True)
     p.add_argument("--n", type=int, default=6)
     p.add_argument("--spacing", type=int, default=100, help="steps between averaged checkpoints (0: any)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
-    p.set_defaults(fn=cmd_average)
 
-    p = sub.add_parser("export", help="write a Hugging Face Qwen3ForCausalLM directory")
+
+def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint dir, checkpoints dir or run dir (latest)")
     p.add_argument("--out", required=True)
     p.add_argument("--tokenizer", help="tokenizer dir or tokenizer.json (default: the run's shard-set tokenizer)")
     p.add_argument("--eos-token", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(_DTYPES))
-    p.set_defaults(fn=cmd_export)
 
-    p = sub.add_parser("import-hf", help="a Hugging Face Qwen3 model directory as a trainer checkpoint")
+
+def _import_hf_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="a Qwen3ForCausalLM directory (config.json, model.safetensors), tied or untied")
     p.add_argument("--out", required=True, help="checkpoints dir: writes OUT/step_00000000 (use as init_from.path)")
     p.add_argument("--vocab-multiple", type=_positive_int, default=None,
                    help="pad the vocabulary to a multiple (e.g. 128)")
-    p.add_argument("--accept", action="extend", default=[], metavar="X[,X...]",
-                   type=lambda v: [k for k in v.split(",") if k],
+    p.add_argument("--accept", action="extend", default=[], metavar="X[,X...]", type=_key_list,
                    help="import although the model cannot express it: rope_scaling (plain RoPE), sliding_window "
                         "(full attention), tie_word_embeddings (lm_head from the embedding), nonfinite (NaN/Inf kept)")
-    p.set_defaults(fn=cmd_import_hf)
 
-    p = sub.add_parser("schedule", help="plot learning-rate schedules")
+
+def _schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="plot this run's schedule (base and matrix-group rates)")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=1000, help="horizon for the gallery (without --config)")
     p.add_argument("--tokens-per-step", type=int, default=6_291_456)
-    p.set_defaults(fn=cmd_schedule)
 
-    p = sub.add_parser("params", help="parameter counts of a preset")
+
+def _params_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", required=True)
     p.add_argument("--vocab", type=int, default=None)
-    p.set_defaults(fn=cmd_params)
 
-    args = ap.parse_args(argv)
-    if args.command == "average" and not (args.checkpoints or args.sources):
-        ap.error("average needs --checkpoints or --sources")
-    try:
-        return args.fn(args)
-    except ContractError as e:          # bad input, not a bug: one line, exit 2
-        print(f"python -m trainer: error: {e}", file=sys.stderr)
-        return 2
+
+def _load_run_config(path: str, overrides: list[str]):
+    from trainer.config import load_run_config
+
+    return load_run_config(path, overrides)
+
+
+COMMANDS = {
+    "train": Command(cmd_train, "train or resume a run", _train_args, config=_load_run_config),
+    "average": Command(cmd_average, "CMA: equal-weight average of checkpoints (BF16)", _average_args),
+    "export": Command(cmd_export, "write a Hugging Face Qwen3ForCausalLM directory", _export_args),
+    "import-hf": Command(cmd_import_hf, "a Hugging Face Qwen3 model directory as a trainer checkpoint",
+                         _import_hf_args),
+    "schedule": Command(cmd_schedule, "plot learning-rate schedules", _schedule_args),
+    "params": Command(cmd_params, "parameter counts of a preset", _params_args),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(__doc__, COMMANDS, argv, prog="python -m trainer")
 
 
 if __name__ == "__main__":

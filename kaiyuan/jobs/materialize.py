@@ -18,27 +18,11 @@ nothing a reader sees and its rerun completes it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
-if __name__ == "__main__":  # spark-submit runs this file directly: find the package
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    if importlib.util.find_spec("kaiyuan") is None:
-        sys.path.insert(0, str(_here.parents[1]))
-
-from common import storage  # noqa: E402
-from common.errors import ContractError  # noqa: E402
-from kaiyuan.config import SparkConfig  # noqa: E402
-from kaiyuan.spark.materialize import default_work_dir, resolve_location, run  # noqa: E402
-from kaiyuan.spark.session import get_session  # noqa: E402
-from mixtures.spec import load_spec  # noqa: E402
+from common.cli import Command, job_notes
 
 
-def parse_args(argv: list[str] | None):
-    ap = argparse.ArgumentParser(prog="kaiyuan materialize", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", required=True, help="the mixture spec (YAML)")
+def _args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="output directory: one shard set per phase and order, plus eval")
     ap.add_argument("--sets", default="", help="comma-separated set names (default: all)")
     ap.add_argument("--work-dir", default=None, help="token spill (default: <out>/.work-<hash>-spark)")
@@ -49,17 +33,22 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--master", default=None, help="Spark master when not under spark-submit (default local[*])")
     ap.add_argument("--driver-memory", default=None)
     ap.add_argument("--shuffle-partitions", type=int, default=None)
-    ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the spec")
-    return ap.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        spec = load_spec(args.spec, args.overrides)
-    except ContractError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _spec(path: str, overrides: list[str]):
+    from mixtures.spec import load_spec
+
+    return load_spec(path, overrides)
+
+
+def materialize(args: argparse.Namespace) -> int:
+    """The spec's shard sets on a Spark session (local, or the cluster's under spark-submit)."""
+    from common import storage
+    from kaiyuan.config import SparkConfig
+    from kaiyuan.spark.materialize import default_work_dir, resolve_location, run
+    from kaiyuan.spark.session import get_session
+
+    spec = args.cfg
     out = resolve_location(args.out)
     work = resolve_location(args.work_dir) if args.work_dir else default_work_dir(spec, out)
     # a store's URL is a checkpoint directory only through a Hadoop connector: asked for, not assumed
@@ -69,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                         "kaiyuan-materialize")
     try:
         results = run(spark, spec, out, sets=[s for s in args.sets.split(",") if s] or None, work_dir=work,
-                      keep_work=args.keep_work, force=args.force, progress=print)
-    except ContractError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+                      keep_work=args.keep_work, force=args.force, progress=job_notes())
     finally:
         spark.stop()
     for name, m in results.items():
@@ -80,5 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+COMMAND = Command(materialize, __doc__.split("\n\n")[0], _args, config=_spec, config_flag="--spec")
+
+
+if __name__ == "__main__":  # spark-submit: the shared bootstrap runs this job
+    import runpy
+    from pathlib import Path
+
+    runpy.run_path(str(Path(__file__).with_name("_submit.py")), {"JOB": Path(__file__).stem}, "__main__")

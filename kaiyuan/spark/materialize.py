@@ -58,8 +58,8 @@ from common.log import get_logger
 from common.manifest import MANIFEST_NAME, fingerprints
 from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
-from mixtures.materialize import (BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, write_run_record,
-                                  write_shard_file)
+from mixtures.materialize import (BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, set_progress,
+                                  write_run_record, write_shard_file)
 from mixtures.plan import eval_components, holdout_key_ids
 from mixtures.shards import CompositionStats, ShardFile, ShardManifest, composition_from_sums, token_dtype
 from mixtures.spec import MixtureSpec, MixtureSpecError, check_components, load_spec
@@ -912,12 +912,13 @@ def run(spark, spec: MixtureSpec | str, out_dir: str | Path, *, sets: list[str] 
     meta = tokenize(spark, spec, opened, tokenizer, work / "spill")
     progress(f"tokenized {len(spec.components)} components on executors in {time.perf_counter() - t0:.1f}s")
     planned = plan_all(spark, spec, opened, meta, progress)
-    for set_name, phase, order in todo:
+    for i, (set_name, phase, order) in enumerate(todo, 1):
         ts = time.perf_counter()
         results[set_name] = m = write_set(spark, spec, tokenizer, planned, out, work / "spill" / "tokens", set_name,
                                           phase, order, inputs)
-        progress(f"wrote {set_name}: {len(m.shards)} shards, {m.n_tokens:,} tokens, {m.n_docs:,} docs "
-                 f"in {time.perf_counter() - ts:.1f}s")
+        note = set_progress(progress, i, len(todo))
+        note(f"wrote {set_name}: {len(m.shards)} shards, {m.n_tokens:,} tokens, {m.n_docs:,} docs "
+             f"in {time.perf_counter() - ts:.1f}s")
     if not keep_work:
         storage.remove_tree(work)
     return results

@@ -33,7 +33,7 @@ ELSEWHERE = {
     "python -m synth serve": ("tests/synth/test_vllm_server.py", '"serve", "vllm"'),
     "python -m synth.fakeserver --responder": ("tests/synth/test_readme_scripted.py", "def scripted_teacher"),
     "shell lm_eval": ("tests/proxy_eval/test_harness_model.py", '"--model", "purokit"'),   # harness tasks: hub data
-    **{f"python -m synth.domains {g}": ("tests/synth/domains/test_domains_cli.py", "def test_readme_commands_run")
+    **{f"python -m synth {g}": ("tests/synth/domains/test_domains_cli.py", "def test_readme_commands_run")
        for g in ("text_to_sql", "tool_use", "tool_use_conversational", "code_concepts", "finance", "mcq")},
 }
 # what the demo profile's sizes become at ci size (fewer checkpoints, a smaller batch)
@@ -109,7 +109,7 @@ def test_readme_commands_run_as_written_on_the_demo_run(demo_run, tmp_path):
 
 @pytest.mark.parametrize("text,key", [
     ("python -m trainer params --preset 1.7b", "python -m trainer params"),
-    ("SYNTH_PG_DSN=postgresql://u@h/db python -m synth.domains text_to_sql --out x", "python -m synth.domains text_to_sql"),
+    ("SYNTH_PG_DSN=postgresql://u@h/db python -m synth text_to_sql --out x", "python -m synth text_to_sql"),
     ("torchrun --standalone --nproc_per_node 2 -m trainer train --config c.yaml", "torchrun -m trainer train"),
     ("spark-submit --master yarn --archives venv.tar.gz#venv kaiyuan/jobs/pipeline.py --config c", "spark-submit kaiyuan/jobs/pipeline.py"),
     ("printf 'a\\n' > costs.csv", "shell printf"),

@@ -1,6 +1,7 @@
 """`python -m mixtures validate|materialize|inspect|train-tokenizer` as a user runs them, plus the
 tokenizer kinds and the slice API other packages call."""
 
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,9 @@ def test_commands_end_to_end(tmp_path, components, tokenizer_json):
                         "--sets", "p2-curriculum,p2-uniform")
     assert rc == 0, err
     assert "p2-curriculum:" in out and "p2-uniform:" in out
+    # progress in the one form of every command: `set <done>/<total> | <message>`
+    assert re.search(r"^set [12]/2 \| wrote p2-curriculum: \d+ shards", out, re.M), out
+    assert re.search(r"^set [12]/2 \| wrote p2-uniform: \d+ shards", out, re.M), out
     rc, out, err = _run("inspect", tmp_path / "shards", "--plots", tmp_path / "plots", "--verify")
     assert rc == 0, err
     assert "b0005" in out and "mean rank" in out and "every file matches its sha256" in out

@@ -1,11 +1,12 @@
 """Progress of long runs: prompts done, live tokens/s, an ETA, and each endpoint's concurrency,
-as a tqdm bar on a terminal or as lines to a log (the demo's stages)."""
+through the one reporter of every command (common.progress): a bar on a terminal or
+`prompt <done>/<total> | <figures>` lines to a log (the demo's stages)."""
 
 from __future__ import annotations
 
 import re
 
-from synth.engine import format_eta, progress_line, run
+from synth.engine import format_eta, progress_message, run
 from synth.pipeline import GeneratorConfig
 
 from .conftest import pairs_config
@@ -13,10 +14,10 @@ from .conftest import pairs_config
 
 def test_eta_and_progress_line():
     assert [format_eta(s) for s in (None, 45, 725, 12000)] == ["?", "45s", "12m05s", "3h20m"]
-    line = progress_line(10, 40, 3000, 60.0, errors=2, limits={"127.0.0.1:8000": 6})
-    assert line == "10/40 prompts, 50 tok/s, ETA 3m00s, 2 failed, concurrency 127.0.0.1:8000=6"
+    line = progress_message(10, 40, 3000, 60.0, errors=2, limits={"127.0.0.1:8000": 6}, accepted=15, generated=20)
+    assert line == "50 tok/s, ETA 3m00s, accept 75%, 2 failed, concurrency 127.0.0.1:8000=6"
     # no prompt finished yet: the tokens still show the teacher working, the ETA is unknown
-    assert progress_line(0, 40, 120, 10.0) == "0/40 prompts, 12 tok/s, ETA ?"
+    assert progress_message(0, 40, 120, 10.0) == "12 tok/s, ETA ?"
 
 
 def test_a_run_reports_progress_lines_while_it_runs_and_when_it_ends(fake_server, tmp_path):
@@ -26,7 +27,7 @@ def test_a_run_reports_progress_lines_while_it_runs_and_when_it_ends(fake_server
     lines: list[str] = []
     res = run(GeneratorConfig.model_validate(cfg), tmp_path / "r", progress=lines.append)
     assert res.manifest.status == "complete"
-    pattern = re.compile(r"^(\d)/6 prompts, (\d+) tok/s, ETA (\S+), concurrency 127\.0\.0\.1:\d+=\d+$")
+    pattern = re.compile(r"^prompt (\d)/6 \| (\d+) tok/s, ETA (\S+)(?:, accept \d+%)?, concurrency 127\.0\.0\.1:\d+=\d+$")
     parsed = [pattern.match(x) for x in lines]
     assert all(parsed), lines
     assert len(lines) >= 2                             # the heartbeat, then the closing line

@@ -1,5 +1,6 @@
 """Every domain generator's YAML loads, names only registered steps, and runs from the command
-line (`python -m synth.domains <generator> --endpoint URL --model NAME --out DIR`)."""
+line (`python -m synth <generator> --endpoint URL --model NAME --out DIR`; `python -m synth.domains`
+is an alias)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from synth.domains import GENERATOR_MODULES, import_all
+from synth.domains import GENERATOR_MODULES
 
 
 @pytest.mark.parametrize("name", sorted(GENERATOR_MODULES))
@@ -17,8 +18,7 @@ def test_generator_configs_load_and_build(name):
     from synth.engine import RunEnv, build_steps, load_generator
     from synth.pipeline import SOURCES
 
-    import_all()
-    cfg = load_generator(name)
+    cfg = load_generator(name)          # its `imports:` register the domain's sources and steps
     assert cfg.generator == name and cfg.imports == [GENERATOR_MODULES[name]]
     assert cfg.source["kind"] in SOURCES
     steps, posts = build_steps(cfg, RunEnv(cfg, None))
@@ -31,7 +31,7 @@ def test_cli_runs_a_domain_generator_over_http(script, teacher, tmp_path):
     script.on("You are designing a realistic", reply="```sql\nCREATE TABLE t (id INTEGER PRIMARY KEY);\n```", name="schema")
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "synth.domains", "text_to_sql", "--endpoint", teacher.base_url, "--model", "teacher",
+        [sys.executable, "-m", "synth", "text_to_sql", "--endpoint", teacher.base_url, "--model", "teacher",
          "--out", str(out), "--no-progress", "source.n=2", "source.dialects=[sqlite]"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -49,7 +49,7 @@ def _readme_commands() -> list[str]:
 
     text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = text.split("### synth domain generators", 1)[1]
-    return [line.strip() for line in section.splitlines() if line.startswith("python -m synth.domains ")]
+    return [line.strip() for line in section.splitlines() if line.startswith("python -m synth ")]
 
 
 @pytest.mark.parametrize("command", _readme_commands())
@@ -67,3 +67,10 @@ def test_readme_commands_run(command, script, teacher, tmp_path):
     assert manifest["status"] == "complete" and manifest["counts"]["prompts"] > 0
     assert manifest["counts"]["records"] == 0        # "I do not know." passes no validator
     assert (out / "rejects.jsonl").read_text().strip() or manifest["counts"]["prompts_dropped"]
+
+
+def test_synth_domains_is_an_alias_of_synth():
+    """Scripts that still say `python -m synth.domains` get `python -m synth` (its help and commands)."""
+    proc = subprocess.run([sys.executable, "-m", "synth.domains", "list"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "domains/text_to_sql.yaml" in proc.stdout and "verifiers:" in proc.stdout
