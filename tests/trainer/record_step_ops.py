@@ -58,6 +58,15 @@ def step_parts(cfg):
 def step_ops(tag: str) -> list[str]:
     """The ordered op names of the second training step at precision `tag` (bf16 or fp8)."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # the op sequence depends on the intra-op thread count (one per xdist worker)
+    try:
+        return _step_ops(tag)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _step_ops(tag: str) -> list[str]:
     with tempfile.TemporaryDirectory() as run_dir:
         run_step, stream = step_parts(run_config(run_dir, PRECISIONS[tag]))
         run_step(0, stream.next_global_batch())                  # warm-up: optimizer state, step buffers

@@ -1,7 +1,8 @@
 """A training step runs the same torch ops as before the loop was split into parts (issue 36): the CPU
 op sequences of one BF16 step and one FP8-emulation step, recorded from the code before the split by
-`record_step_ops.py`, are what the current code gives. No op was filtered: on CPU the sequence is the
-same run after run (the intra-op thread pool runs inside ops, it records none of its own)."""
+`record_step_ops.py`, are what the current code gives. No op was filtered: with one intra-op thread
+(both the recording and the test pin it) the CPU sequence is the same run after run; with two
+threads some ops take other kernels' paths, so an unpinned recording differs under xdist."""
 
 from __future__ import annotations
 
