@@ -27,18 +27,18 @@ export PYSPARK_DRIVER_PYTHON=$(abspath $(PY))
 .PHONY: teacher-env vllm-env llamacpp-env
 
 demo: setup system-packages teacher-env gpu-fp8-lib
-	$(PY) -m demo $(DEMO_ARGS)
+	$(PY) -m purokit.demo $(DEMO_ARGS)
 
 test: setup system-packages lint
 	$(PY) -m pytest -m "not slow and not gpu" -n $(PYTEST_WORKERS) --dist loadscope --timeout $(PYTEST_TIMEOUT) $(PYTEST_ARGS)
 
 # pyflakes over the code (not the tests, whose fixtures are imported for pytest): any report fails
-LINTED := common kaiyuan mixtures proxy_eval trainer synth demo benchmarks
+LINTED := purokit kaiyuan mixtures proxy_eval trainer synth benchmarks
 lint: setup
 	$(PY) -m pyflakes $(LINTED)
 
 # Debian packages the tests and the demo use: text-to-SQL starts throwaway PostgreSQL and MariaDB servers
-# (synth/domains/sql_servers.py; without them it judges in SQLite) and common.sandbox isolates code with
+# (synth/domains/sql_servers.py; without them it judges in SQLite) and purokit.sandbox isolates code with
 # bubblewrap. Installed when missing and we are root (CI); otherwise a warning, and the tests that need
 # them skip with the reason.
 system-packages:

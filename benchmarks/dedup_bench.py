@@ -363,7 +363,7 @@ def run_kaiyuan(work: Path, name: str, truth: dict, driver_memory: str) -> dict:
     shutil.rmtree(work / name, ignore_errors=True)
     ing = measure(spark_submit("ingest", cfg, driver_memory), env, work, work / f"{name}-ingest.log")
     res = measure(spark_submit("dedup", cfg, driver_memory), env, work, work / f"{name}-dedup.log")
-    from common.component import Component
+    from purokit.component import Component
 
     comp = Component.open(work / name / "dedup" / "bench")
     res["ingest"] = ing

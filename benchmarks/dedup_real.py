@@ -161,7 +161,7 @@ def verify_overhead(default: dict, lsh_only: dict) -> dict:
 
 
 def run_kaiyuan(work: Path, corpus: dict, truth: dict, driver_memory: str, names=tuple(VARIANTS), reuse_ingest: bool = False) -> dict:
-    from common.component import Component
+    from purokit.component import Component
 
     cfg = kaiyuan_config(work, corpus)
     env = spark_env()

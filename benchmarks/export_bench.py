@@ -61,7 +61,7 @@ def _texts(rng: np.random.Generator, vocab: np.ndarray, cdf: np.ndarray, n: int)
 
 def write_component(root: Path, name: str, n_docs: int, scored: bool, seed: int) -> Path:
     """A component of `n_docs` documents, written file by file (flat memory at any size)."""
-    from common.component import finalize_component
+    from purokit.component import finalize_component
 
     vocab, cdf = _vocabulary()
     rng = np.random.default_rng(seed)
@@ -122,7 +122,7 @@ def build_set(mtokens: float, progress=print) -> Path:
 
 def _code_tokens(code: Path, per_doc: float) -> int:
     """Twice the code component's tokens (estimated): every code document is repeated once."""
-    from common.component import Component
+    from purokit.component import Component
 
     return int(2 * Component.open(code).manifest.n_docs * per_doc)
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 def make_pool(root: Path, n_docs: int, seed: int = 0) -> dict[str, Path]:
     """Three components of Zipf-distributed words (web scored, math scored, code unscored)."""
-    from common.component import finalize_component
+    from purokit.component import finalize_component
 
     vrng = np.random.default_rng(12345)          # one vocabulary for every pool size
     vocab = np.array(["".join(vrng.choice(list("etaoinshrdlucmfwypvbgkqjxz"), size=int(vrng.integers(1, 9))))
@@ -73,7 +73,7 @@ def make_pool(root: Path, n_docs: int, seed: int = 0) -> dict[str, Path]:
 def make_pools(prefix: str, docs: int, sizes: list[int], vocab: int) -> tuple[Path, dict[int, dict[str, Path]], Path]:
     """A work directory, pools of each size (`make_pool`, 1x = `docs` web documents) and a
     byte-level BPE of `vocab` ids trained on the smallest pool: (work, {size: pool}, tokenizer.json)."""
-    from common.component import Component
+    from purokit.component import Component
     from mixtures.tokenizers import train_bpe
 
     work = Path(tempfile.mkdtemp(prefix=prefix))
@@ -93,7 +93,7 @@ def spec_for(comps: dict[str, Path], tokenizer_json: Path) -> dict:
 
 
 def raw_encode(tokenizer_json: Path, comps: dict[str, Path]) -> tuple[int, float]:
-    from common.component import Component
+    from purokit.component import Component
     from mixtures.tokenizers import load_tokenizer
 
     hf = load_tokenizer(str(tokenizer_json)).hf
@@ -134,7 +134,7 @@ def main() -> None:
     if args.child:
         child_main(args)
         return
-    from common.component import Component
+    from purokit.component import Component
 
     print(f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}, cores {os.cpu_count()}, "
           f"load average at start {os.getloadavg()[0]:.2f}")

@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--driver-memory", default="1g")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "materialize_spark.json"))
     args = ap.parse_args()
-    from common.component import Component
+    from purokit.component import Component
     from mixtures.shards import ShardManifest
 
     workers, per_worker = map(int, re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", args.master).groups())

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/proxy_eval_bench.py [--quick]
 
-1. Sandbox (common/sandbox.py): mean latency of one verdict on trivial code (interpreter start,
+1. Sandbox (purokit/sandbox.py): mean latency of one verdict on trivial code (interpreter start,
    rlimits, audit-hook prelude, `unshare -n`, temp dir) against a bare `python -I -c pass`
    subprocess, sequentially, in the same run; and verdicts/s with 2 workers.
 2. Scoring (proxy_eval/models.py): multiple-choice log-likelihood requests/s of the batched scorer
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def bench_sandbox(n: int) -> dict:
-    from common.sandbox import SandboxJob, SandboxLimits, network_namespace_prefix, run_many, run_python
+    from purokit.sandbox import SandboxJob, SandboxLimits, network_namespace_prefix, run_many, run_python
 
     limits = SandboxLimits(timeout_s=10, memory_mb=512)
     run_python("pass", limits=limits)                            # warm caches

@@ -35,13 +35,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.component import Component, finalize_component  # noqa: E402
-from common.document import BASE_SCHEMA  # noqa: E402
+from purokit.component import Component, finalize_component  # noqa: E402
+from purokit.document import BASE_SCHEMA  # noqa: E402
 
 IN_MEMORY = r"""
 import json, sys, time
 import numpy as np, pyarrow as pa, pyarrow.compute as pc
-from common.component import Component
+from purokit.component import Component
 from proxy_eval.plan import PlanConfig
 from proxy_eval.slices import decide_component, select_slices
 cfg = PlanConfig.model_validate(json.loads(sys.argv[1]))

@@ -1,4 +1,4 @@
-"""Sandbox benchmark: the cost of one verdict of `common.sandbox.run_python` beside its anchors.
+"""Sandbox benchmark: the cost of one verdict of `purokit.sandbox.run_python` beside its anchors.
 
     .venv/bin/python benchmarks/sandbox_bench.py [--n 30] [--before 044b5a5]
 
@@ -31,13 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common import sandbox  # noqa: E402
+from purokit import sandbox  # noqa: E402
 
 CODE, TESTS = "def f(x):\n    return x + 1\n", "assert f(1) == 2"
 
 
 def load_before(commit: str):
-    """common/sandbox.py as of `commit`, imported as a separate module."""
+    """purokit/sandbox.py as of `commit`, imported as a separate module."""
     src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:common/sandbox.py"], capture_output=True, text=True,
                          check=True).stdout
     path = Path(tempfile.mkdtemp(prefix="sandbox-before-")) / "sandbox_before.py"

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import sys
 
-from common.cli import Command, dispatch
-from common.errors import ContractError
+from purokit.cli import Command, dispatch
+from purokit.errors import ContractError
 from kaiyuan.jobs import JOBS, job_command
 
 
 def _classifier_config(path: str, overrides: list[str]):
-    from common.config import load_config
+    from purokit.config import load_config
     from kaiyuan.config import TrainClassifierConfig
 
     return load_config(TrainClassifierConfig, path, overrides)
@@ -39,7 +39,7 @@ def _train_classifier(args) -> int:
 
 
 def _summary(args) -> int:
-    from common import storage
+    from purokit import storage
     from kaiyuan import report
 
     if not storage.exists(args.output):

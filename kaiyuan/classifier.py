@@ -18,12 +18,12 @@ from typing import Sequence
 import numpy as np
 import xxhash
 
-from common import atomic
-from common.component import Component
-from common.errors import ContractError
-from common.hashing import config_hash, sha256_file
-from common.log import get_logger
-from common.manifest import InputFingerprint, RunManifest, fingerprints
+from purokit import atomic
+from purokit.component import Component
+from purokit.errors import ContractError
+from purokit.hashing import config_hash, sha256_file
+from purokit.log import get_logger
+from purokit.manifest import InputFingerprint, RunManifest, fingerprints
 from kaiyuan import readers
 from kaiyuan.annotators.fasttext_models import load_fasttext, model_card_path, one_line, positive_probabilities
 from kaiyuan.config import LabelledInput, TrainClassifierConfig

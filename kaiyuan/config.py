@@ -16,7 +16,7 @@ A run config names the output root, the Spark settings, the sources, and one sec
 
 Every job reads its own section; the section (plus the inputs' fingerprints) is what decides
 whether a finished output can be reused, so editing `score` never reruns `dedup`.
-Load with `common.config.load_config(RunConfig, path, overrides)`; `key.sub=value` overrides
+Load with `purokit.config.load_config(RunConfig, path, overrides)`; `key.sub=value` overrides
 work as for every purokit command.
 """
 
@@ -27,8 +27,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from common import storage
-from common.config import StrictModel, repeated
+from purokit import storage
+from purokit.config import StrictModel, repeated
 from kaiyuan import minhash
 
 RUN_CONFIG_VERSION = 1

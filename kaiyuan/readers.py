@@ -41,9 +41,9 @@ import orjson
 import pyarrow as pa
 import zstandard
 
-from common import storage
-from common.document import META_TYPE, meta_value
-from common.hashing import stable_id
+from purokit import storage
+from purokit.document import META_TYPE, meta_value
+from purokit.hashing import stable_id
 
 REASONS = {
     "malformed_json": "the line is not valid JSON",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import storage
+from purokit import storage
 from kaiyuan.spark.components_io import list_components
 
 STAGES = ("ingest", "dedup", "score")

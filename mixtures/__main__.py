@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import storage
-from common.cli import Command, dispatch, job_notes
+from purokit import storage
+from purokit.cli import Command, dispatch, job_notes
 
 
 def _spec(path: str, overrides: list[str]):
@@ -35,7 +35,7 @@ def _spec(path: str, overrides: list[str]):
 
 
 def _sft_config(path: str, overrides: list[str]):
-    from common.config import load_config
+    from purokit.config import load_config
     from mixtures.sft import SftConfig
 
     return load_config(SftConfig, path, overrides)

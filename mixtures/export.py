@@ -26,7 +26,7 @@ before it is written. Layout of DIR (contract `export/1`):
 
 Memory stays flat: documents are streamed in chunks of at most `CHUNK_TOKENS` tokens, the
 Megatron index is written in place at offsets known from the manifest's counts. The directory
-appears atomically (`common.storage.atomic_path`: a rename locally, the commit record on an
+appears atomically (`purokit.storage.atomic_path`: a rename locally, the commit record on an
 object store), so a killed export leaves no partial DIR.
 """
 
@@ -42,11 +42,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ConfigDict, Field
 
-from common import atomic, storage
-from common.config import StrictModel, load_contract
-from common.errors import ContractError
-from common.hashing import sha256_file
-from common.manifest import MANIFEST_NAME
+from purokit import atomic, storage
+from purokit.config import StrictModel, load_contract
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
+from purokit.manifest import MANIFEST_NAME
 from mixtures.megatron import MegatronWriter
 from mixtures.shards import ShardSet
 

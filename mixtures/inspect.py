@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from common import storage
-from common.errors import ContractError
-from common.manifest import MANIFEST_NAME
+from purokit import storage
+from purokit.errors import ContractError
+from purokit.manifest import MANIFEST_NAME
 from mixtures.shards import INDEX_SUFFIX, TOKENS_SUFFIX, ShardManifest, ShardSet
 
 

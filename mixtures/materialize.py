@@ -30,14 +30,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import atomic
-from common import storage
-from common.component import Component
-from common.errors import ContractError
-from common.hashing import sha256_file
-from common.log import get_logger
-from common.progress import progress_text
-from common.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
+from purokit import atomic
+from purokit import storage
+from purokit.component import Component
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
+from purokit.log import get_logger
+from purokit.progress import progress_text
+from purokit.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
 from mixtures.plan import (ComponentColumns, Pool, StreamPlan, bucket_stats, holdout_masks, plan_eval,
                            plan_phase_pool, plan_stream, retention_mask)
 from mixtures.shards import (RUN_RECORD_NAME, ComponentUse, CompositionStats, ShardFile, ShardFileWriter,

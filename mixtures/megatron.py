@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 
 HEADER = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -36,17 +36,17 @@ from typing import Any, Callable, Literal
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from common import atomic
-from common.config import StrictModel
-from common.errors import ContractError
-from common.log import get_logger
-from common.manifest import find_complete, fingerprints
-from common.records import read_conversations, record_files, record_tools
+from purokit import atomic
+from purokit.config import StrictModel
+from purokit.errors import ContractError
+from purokit.log import get_logger
+from purokit.manifest import find_complete, fingerprints
+from purokit.records import read_conversations, record_files, record_tools
 from mixtures import curriculum as cm
 from mixtures.shards import ShardFile, ShardFileWriter, ShardManifest, build_manifest, token_dtype
 from mixtures.tokenizers import Tokenizer, TokenizerSpec, load_tokenizer
 
-# record_tools is common.records' (contract 6 is read there); named here for callers of this module
+# record_tools is purokit.records' (contract 6 is read there); named here for callers of this module
 __all__ = ["JinjaTemplate", "SftConfig", "encode_segments", "materialize_sft", "record_tools", "render_chatml"]
 
 log = get_logger("mixtures.sft")

@@ -52,12 +52,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from common import atomic
-from common import storage
-from common.config import StrictModel
-from common.errors import ContractError
-from common.hashing import canonical_json, sha256_file
-from common.manifest import MANIFEST_NAME, RunManifest
+from purokit import atomic
+from purokit import storage
+from purokit.config import StrictModel
+from purokit.errors import ContractError
+from purokit.hashing import canonical_json, sha256_file
+from purokit.manifest import MANIFEST_NAME, RunManifest
 
 SHARDS_SCHEMA = "shards/1"
 TOKENS_SUFFIX = ".bin"

@@ -41,12 +41,12 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from common import storage
-from common.component import Component
-from common.config import StrictModel, apply_overrides, load_yaml
-from common.document import QUALITY_PREFIX
-from common.errors import ContractError
-from common.hashing import config_hash
+from purokit import storage
+from purokit.component import Component
+from purokit.config import StrictModel, apply_overrides, load_yaml
+from purokit.document import QUALITY_PREFIX
+from purokit.errors import ContractError
+from purokit.hashing import config_hash
 from mixtures.tokenizers import TokenizerSpec
 
 MIXTURE_SCHEMA = "mixture/1"

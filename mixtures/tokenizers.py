@@ -20,10 +20,10 @@ from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
-from common import atomic
-from common.config import StrictModel
-from common.errors import ContractError
-from common.hashing import canonical_json, sha256_bytes, sha256_file
+from purokit import atomic
+from purokit.config import StrictModel
+from purokit.errors import ContractError
+from purokit.hashing import canonical_json, sha256_bytes, sha256_file
 from mixtures.shards import TokenizerIdentity
 
 # The specials a trained tokenizer gets (ids 0..7): EOS first, then what ChatML / Qwen3-style chat
@@ -361,7 +361,7 @@ CHATML_JINJA = (
 def sample_component_texts(components: Sequence[str | os.PathLike], max_docs: int, seed: int = 0) -> Iterator[str]:
     """About `max_docs` texts per component, a seeded sample (each document kept when its hash
     falls in the first max_docs / n_docs of the range), streamed in component order."""
-    from common.component import Component
+    from purokit.component import Component
     from mixtures import curriculum as cm
 
     for path in components:

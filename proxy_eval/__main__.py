@@ -20,9 +20,9 @@ from pathlib import Path
 
 import importlib
 
-from common import atomic
-from common.cli import Command, dispatch, job_notes
-from common.config import load_config, load_yaml, validate
+from purokit import atomic
+from purokit.cli import Command, dispatch, job_notes
+from purokit.config import load_config, load_yaml, validate
 
 
 def _print(obj) -> None:

@@ -1,6 +1,6 @@
 """proxy_eval's small files, each a versioned contract with one writer and one reader.
 
-Run manifests (`manifest.json`) are `common.manifest.RunManifest` subclasses (`SlicePlan`,
+Run manifests (`manifest.json`) are `purokit.manifest.RunManifest` subclasses (`SlicePlan`,
 `SliceRunManifest`, `ProxyRunManifest`); the other files a run leaves are these:
 
 | file                                   | schema                      | written by                  |
@@ -26,9 +26,9 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import ConfigDict, Field
 
-from common import atomic
-from common.config import StrictModel, validate
-from common.errors import ContractError
+from purokit import atomic
+from purokit.config import StrictModel, validate
+from purokit.errors import ContractError
 
 F = TypeVar("F", bound="VersionedFile")
 

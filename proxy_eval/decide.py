@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from common.component import Component
+from purokit.component import Component
 from mixtures.spec import parse_spec
 from proxy_eval.plan import SlicePlan
 from proxy_eval.profiles import Profile

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import atomic
-from common.log import get_logger
-from common.sandbox import SandboxJob, SandboxLimits, run_many
+from purokit import atomic
+from purokit.log import get_logger
+from purokit.sandbox import SandboxJob, SandboxLimits, run_many
 from proxy_eval.contracts import SuiteResults
 from proxy_eval.extract import answers_match, extract_answer, harness_exact_match, regex_first
 from proxy_eval.metrics import Estimate, bits_per_byte, mc_item_scores, mean_estimate, olmes_best, ratio_estimate

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from mixtures.tokenizers import load_tokenizer as mixtures_tokenizer
 from trainer import checkpoint as ckpt
 from trainer.export import tokenizer_for_checkpoint

@@ -133,7 +133,7 @@ def best_per_point(points: Sequence[TrackPoint]) -> dict[int, TrackPoint]:
 def write_track(out: str | os.PathLike, points: Sequence[TrackPoint], shape: str, windows: Sequence[int]) -> list[str]:
     """Write `track.json` (every point and the best merge per end step) and `track.csv` under
     `out`; the lines that tell a user how each merge did against its raw checkpoint."""
-    from common import atomic
+    from purokit import atomic
     from proxy_eval.contracts import TrackFile
 
     best = best_per_point(points)

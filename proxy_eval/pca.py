@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from common import atomic
+from purokit import atomic
 
 DEFAULT_SIGN_ANCHORS = ("General", "Math")
 

@@ -3,7 +3,7 @@
 Streams `id`, `n_tokens` and the score column of each component once into a spill of per-document
 selection records (`proxy_eval.slices.KEY_DTYPE`, 25 bytes a document on disk), locates the slice
 bounds in a few passes over it, then streams the component once more to write every slice as a
-component of its own (the Component contract, `common.component`), so that mixtures can turn it
+component of its own (the Component contract, `purokit.component`), so that mixtures can turn it
 into a uniform shard set like any other component. Memory is flat in the number of documents.
 Output:
 
@@ -30,14 +30,14 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import Field
 
-from common import atomic
-from common.component import Component, finalize_component
-from common.document import QUALITY_PREFIX, score_columns
-from common.errors import ContractError
-from common.hashing import config_hash
-from common.log import get_logger
-from common.config import StrictModel
-from common.manifest import MANIFEST_NAME, RunManifest, Stopwatch, find_complete, fingerprints
+from purokit import atomic
+from purokit.component import Component, finalize_component
+from purokit.document import QUALITY_PREFIX, score_columns
+from purokit.errors import ContractError
+from purokit.hashing import config_hash
+from purokit.log import get_logger
+from purokit.config import StrictModel
+from purokit.manifest import MANIFEST_NAME, RunManifest, Stopwatch, find_complete, fingerprints
 from mixtures.spec import ComponentSpec, MixtureSpec, PhaseShare, PhaseSpec, RetainIds
 from mixtures.tokenizers import load_tokenizer
 from proxy_eval.slices import (ELIGIBLE, KEY_DTYPE, SCORED, ComponentDecision, SliceBounds, SliceRules,

@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from common import atomic
-from common.errors import ContractError
+from purokit import atomic
+from purokit.errors import ContractError
 
 LONG_COLUMNS = ["slice", "task", "group", "format", "metric", "value", "stderr", "n", "higher_is_better", "score",
                 "score_stderr"]

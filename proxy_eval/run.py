@@ -33,13 +33,13 @@ from typing import Any, Callable, Literal
 import torch
 from pydantic import Field, model_validator
 
-from common import atomic
-from common.component import Component
-from common.config import StrictModel, deep_merge, load_yaml, validate
-from common.errors import ContractError
-from common.hashing import config_hash
-from common.log import get_logger
-from common.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
+from purokit import atomic
+from purokit.component import Component
+from purokit.config import StrictModel, deep_merge, load_yaml, validate
+from purokit.errors import ContractError
+from purokit.hashing import config_hash
+from purokit.log import get_logger
+from purokit.manifest import MANIFEST_NAME, RunManifest, find_complete, fingerprints
 from mixtures import ShardSet
 from mixtures.materialize import materialize, materialize_slice
 from mixtures.spec import ComponentSpec, MixtureSpec, PhaseShare, PhaseSpec, RetainAll, Seeds

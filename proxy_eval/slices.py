@@ -25,8 +25,8 @@ from typing import Callable, Iterator, Literal, Sequence
 import numpy as np
 from pydantic import Field, model_validator
 
-from common.config import StrictModel
-from common.errors import ContractError
+from purokit.config import StrictModel
+from purokit.errors import ContractError
 from mixtures import curriculum as cm
 
 PercentileFrom = Literal["best", "worst"]

@@ -11,7 +11,7 @@ Formats and their canonical document fields:
 |-------------------|------------------------------------------|------------------------------------------|
 | `multiple_choice` | query, choices (list), gold (int)        | OLMES best of cloze / lettered forms     |
 | `generate`        | question, answer, solution (few-shot)    | exact match of the extracted answer      |
-| `code`            | prompt, test, entry_point, solution      | pass@1 in `common.sandbox`               |
+| `code`            | prompt, test, entry_point, solution      | pass@1 in `purokit.sandbox`               |
 | `bits_per_byte`   | text                                     | bits per byte (lower is better)          |
 
 Presets convert well-known layouts (ARC, HellaSwag, PIQA, BoolQ, MMLU, GSM8K, MATH, HumanEval,
@@ -37,9 +37,9 @@ import pyarrow.parquet as pq
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from common.config import StrictModel, iter_jsonl, repeated
-from common.errors import ContractError
-from common.log import get_logger
+from purokit.config import StrictModel, iter_jsonl, repeated
+from purokit.errors import ContractError
+from purokit.log import get_logger
 from proxy_eval import layouts as L
 from proxy_eval.extract import gsm8k_gold, last_boxed
 from proxy_eval.layouts import RecordError

@@ -20,9 +20,9 @@ import signal
 import sys
 from pathlib import Path
 
-from common.cli import Command, dispatch
-from common import atomic
-from common.records import read_records, write_records
+from purokit.cli import Command, dispatch
+from purokit import atomic
+from purokit.records import read_records, write_records
 from synth import servers
 from synth.client import CircuitOpenError, EndpointNotReady, RequestRejected
 from synth.decontam import build_eval_index, clean_records, removal_summary

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from common.log import get_logger
+from purokit.log import get_logger
 from synth.cache import ResponseCache, cache_key
 from synth.client import ChatClient, ChatRequest, ChatResult, EndpointPool, RequestRejected, TeacherConfig
 from synth.toolcalls import hermes_server_parse

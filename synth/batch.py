@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.log import get_logger
+from purokit.log import get_logger
 from synth.cache import cache_key
 from synth.client import (ChatClient, ChatRequest, ChatResult, EndpointError, EndpointNotReady, EndpointPool,
                           MalformedResponse, RequestRejected, RetriesExhausted, TeacherConfig, TransportError,

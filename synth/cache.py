@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.hashing import canonical_json, sha256_bytes
+from purokit.hashing import canonical_json, sha256_bytes
 
 CACHE_SCHEMA = "synth-cache/1"
 

@@ -27,7 +27,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from common.log import get_logger
+from purokit.log import get_logger
 
 log = get_logger("synth.checkpool")
 

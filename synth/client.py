@@ -35,9 +35,9 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import Field
 
-from common.config import StrictModel
-from common.log import get_logger
-from common.records import json_mapping
+from purokit.config import StrictModel
+from purokit.log import get_logger
+from purokit.records import json_mapping
 from synth.toolcalls import ToolCallShapeError, normalize_tool_calls
 
 log = get_logger("synth.client")

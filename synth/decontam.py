@@ -23,8 +23,8 @@ from typing import Any, Iterable
 
 import pyarrow.parquet as pq
 
-from common.errors import ContractError
-from common.records import SynthRecord
+from purokit.errors import ContractError
+from purokit.records import SynthRecord
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

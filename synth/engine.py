@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from common import atomic
-from common.sandbox import isolation_status
-from common.config import load_config
-from common.errors import ContractError
-from common.hashing import canonical_json, config_hash
-from common.log import get_logger
-from common.progress import Reporter, progress_text
-from common.manifest import RunManifest
-from common.records import SynthRecord, validate_record
+from purokit import atomic
+from purokit.sandbox import isolation_status
+from purokit.config import load_config
+from purokit.errors import ContractError
+from purokit.hashing import canonical_json, config_hash
+from purokit.log import get_logger
+from purokit.progress import Reporter, progress_text
+from purokit.manifest import RunManifest
+from purokit.records import SynthRecord, validate_record
 from synth.backends import make_backend
 from synth.cache import ResponseCache
 from synth.client import CircuitOpenError, Clock, EndpointPool, RequestRejected, TeacherConfig
@@ -64,7 +64,7 @@ class SynthRunManifest(RunManifest):
     throughput: dict[str, float] = {}
     errors: dict[str, Any] = {}
     run_identity: str = ""              # config hash without endpoints/concurrency (what resume matches)
-    sandbox: dict[str, str] = {}        # the isolation generated code ran under (common.sandbox)
+    sandbox: dict[str, str] = {}        # the isolation generated code ran under (purokit.sandbox)
 
 
 # Where a teacher is served and how hard the client pushes do not change any answer (requests are
@@ -259,7 +259,7 @@ ProgressReport = Callable[[str], None]
 
 @dataclass
 class Progress:
-    """The run's counters, shown through the one `common.progress.Reporter`: a bar on a terminal,
+    """The run's counters, shown through the one `purokit.progress.Reporter`: a bar on a terminal,
     a `prompt <done>/<total> | <figures>` line every `every_s` seconds (to `report` when given, e.g.
     a pipeline's log), or nothing; `tick` refreshes the live token count even while no prompt
     finishes."""

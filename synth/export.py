@@ -23,10 +23,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import atomic
-from common.errors import ContractError
-from common.hashing import sha256_file
-from common.records import READABLE_SCHEMAS, RECORD_SCHEMA, SynthRecord, read_records
+from purokit import atomic
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
+from purokit.records import READABLE_SCHEMAS, RECORD_SCHEMA, SynthRecord, read_records
 
 EXPORT_SCHEMA = "synth-export/1"
 SPLIT_OF_KIND = {"sft": "train", "rl_prompt": "rl_prompts", "rl_rollout": "rl_rollouts"}

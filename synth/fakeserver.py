@@ -48,7 +48,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import model_validator
 
-from common.config import StrictModel, load_yaml, validate
+from purokit.config import StrictModel, load_yaml, validate
 from synth.fakebatch import BatchService
 from synth.toolcalls import hermes_server_parse
 

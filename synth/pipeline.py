@@ -2,7 +2,7 @@
 per-prompt steps and a list of dataset-level post steps. Steps and sources are registered
 classes, so a domain generator adds its own in a few lines:
 
-    from common.config import StrictModel
+    from purokit.config import StrictModel
     from synth.pipeline import Step, register_step, Row
 
     @register_step("execute_sql")
@@ -36,9 +36,9 @@ from typing import Any, Awaitable, Callable, ClassVar, Iterable
 
 from pydantic import BaseModel, Field, create_model
 
-from common.config import StrictModel, validate
-from common.hashing import stable_id
-from common.records import Message, SynthRecord, TeacherInfo, Verification
+from purokit.config import StrictModel, validate
+from purokit.hashing import stable_id
+from purokit.records import Message, SynthRecord, TeacherInfo, Verification
 from synth.checkpool import check_pool
 from synth.client import ChatRequest, ChatResult, RetriesExhausted, TeacherConfig
 

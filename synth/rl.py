@@ -21,7 +21,7 @@ import math
 import random
 from typing import Any, Sequence
 
-from common.hashing import stable_id
+from purokit.hashing import stable_id
 
 LOGPROB_MODES_AFTER_TRANSFORMS = {"processed_logprobs", "processed_logits"}
 

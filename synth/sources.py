@@ -24,9 +24,9 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow.parquet as pq
 
-from common.component import Component
-from common.errors import ContractError
-from common.hashing import stable_id
+from purokit.component import Component
+from purokit.errors import ContractError
+from purokit.hashing import stable_id
 from synth.pipeline import SOURCES, register_source
 
 

@@ -11,9 +11,9 @@ from typing import Any, Literal
 from pydantic import BeforeValidator, Field
 from typing_extensions import Annotated
 
-from common.config import StrictModel
-from common.hashing import stable_id
-from common.records import TOGGLE, Message, Rollout, SynthRecord, TeacherInfo, Verification
+from purokit.config import StrictModel
+from purokit.hashing import stable_id
+from purokit.records import TOGGLE, Message, Rollout, SynthRecord, TeacherInfo, Verification
 from synth import rl
 from synth.checkpool import CheckTimeout
 from synth.decontam import clean_records, removal_summary

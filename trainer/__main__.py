@@ -16,8 +16,8 @@ import json
 import os
 import sys
 
-from common.cli import Command, UsageError, dispatch
-from common.errors import ContractError
+from purokit.cli import Command, UsageError, dispatch
+from purokit.errors import ContractError
 
 _DTYPES = ("bfloat16", "float32", "float16")      # torch dtypes by name (torch loads with the command)
 

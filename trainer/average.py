@@ -13,9 +13,9 @@ from typing import Sequence
 
 import torch
 
-from common import storage
-from common.errors import ContractError
-from common.hashing import sha256_file
+from purokit import storage
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
 from trainer import checkpoint as ckpt
 
 

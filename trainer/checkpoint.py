@@ -33,13 +33,13 @@ from pydantic import Field
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from common import atomic, storage
-from common.config import StrictModel, load_contract
-from common.errors import ContractError
-from common.hashing import sha256_file
-from common.log import get_logger
-from common.manifest import utc_now
-from common.version import code_version
+from purokit import atomic, storage
+from purokit.config import StrictModel, load_contract
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
+from purokit.log import get_logger
+from purokit.manifest import utc_now
+from purokit.version import code_version
 
 log = get_logger("trainer.checkpoint")
 

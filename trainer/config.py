@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from common.config import StrictModel, apply_overrides, deep_merge, load_yaml, validate
-from common.errors import ContractError
+from purokit.config import StrictModel, apply_overrides, deep_merge, load_yaml, validate
+from purokit.errors import ContractError
 from trainer.fp8.recipe import Fp8Recipe
 from trainer.model import PRESETS, ModelConfig, preset_config
 from trainer.optim import OptimConfig

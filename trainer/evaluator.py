@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from common import storage
+from purokit import storage
 from trainer import checkpoint as ckpt
 from trainer.config import RunConfig
 from trainer.data import MicroBatch

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from common import atomic
-from common.errors import ContractError
+from purokit import atomic
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.model import ModelConfig
 

@@ -31,9 +31,9 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
-from common import storage
-from common.errors import ContractError
-from common.log import get_logger
+from purokit import storage
+from purokit.errors import ContractError
+from purokit.log import get_logger
 from trainer import checkpoint as ckpt
 from trainer import hf_files
 from trainer.config import HfAcceptable, padded_vocab

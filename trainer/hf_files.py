@@ -20,8 +20,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from common.errors import ContractError
-from common.storage import sha256_file
+from purokit.errors import ContractError
+from purokit.storage import sha256_file
 
 INDEX, SINGLE, CONFIG = "model.safetensors.index.json", "model.safetensors", "config.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024          # safetensors' own limit on the JSON header

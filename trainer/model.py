@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import model_validator
 
-from common.config import StrictModel
+from purokit.config import StrictModel
 
 
 class ModelConfig(StrictModel):

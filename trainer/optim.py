@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
-from common.config import StrictModel
+from purokit.config import StrictModel
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)     # quintic Newton-Schulz (Keller Jordan's Muon)
 NS_FORMS = ("standard", "gram")

@@ -1,5 +1,5 @@
 """What a run records: the metrics file (JSONL, optional TensorBoard, published to an object-store run
-directory), the progress reporter (`common.progress.Reporter`: bar, line or none) and the per-step
+directory), the progress reporter (`purokit.progress.Reporter`: bar, line or none) and the per-step
 records, each read one step late (`StepRecords`: the loop's one host synchronization a step)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common import atomic, storage
-from common.progress import Reporter
+from purokit import atomic, storage
+from purokit.progress import Reporter
 from trainer.flops import throughput_report
 from trainer.runtime import Dist
 from trainer.step import StepInfo

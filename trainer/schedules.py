@@ -32,7 +32,7 @@ from typing import Annotated, Callable, Literal, Union
 
 from pydantic import Field
 
-from common.config import StrictModel
+from purokit.config import StrictModel
 
 
 class _Sched(StrictModel):

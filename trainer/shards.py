@@ -3,7 +3,7 @@
 `ShardStream` wraps `mixtures.ShardReader` (sequential, exact resume from its global cursor, data-
 parallel split); `eval_micro_batches` wraps `mixtures.EvalReader` (a fixed held-out set, every target
 once, padding masked). Nothing here opens a shard file itself. A shard set on an object store
-(`data.train: s3://...`) is staged into the local cache by `ShardSet.open` (`common.storage.local_copy`:
+(`data.train: s3://...`) is staged into the local cache by `ShardSet.open` (`purokit.storage.local_copy`:
 every file checked against the commit record's sha256) and memory-mapped from there.
 """
 
@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from common import storage
-from common.errors import ContractError
-from common.hashing import sha256_file
+from purokit import storage
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
 from trainer.data import MicroBatch, check_micro_batching, cut_micro_batches
 
 

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from common import storage
-from common.log import get_logger
+from purokit import storage
+from purokit.log import get_logger
 from trainer import checkpoint as ckpt
 from trainer.config import RunConfig
 from trainer.model import ModelConfig

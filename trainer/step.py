@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from common.log import get_logger
+from purokit.log import get_logger
 from trainer import checkpoint as ckpt
 from trainer.config import RunConfig
 from trainer.data import MicroBatch

@@ -10,7 +10,7 @@ validator, OLMo-core's callbacks):
   the held-out batches;
 - `trainer.step`: the model, loss module and optimizer (`build`), and `Stepper`, one optimizer step over
   one global batch with no host synchronization in it;
-- `trainer.records`: the metrics file, the progress (`common.progress.Reporter`), each step's record read
+- `trainer.records`: the metrics file, the progress (`purokit.progress.Reporter`), each step's record read
   one step late (the loop's one host synchronization a step);
 - `trainer.checkpointer.Checkpointer.maybe_save(step)` and `trainer.evaluator.Evaluator.maybe_eval(step)`;
   and Python's GC, off during the loop, a young-generation collection every `train.gc_every_steps`.
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from common import atomic, storage
+from purokit import atomic, storage
 from trainer import checkpoint as ckpt
 from trainer.checkpointer import Checkpointer
 from trainer.config import RunConfig

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from common.document import filter_column, filter_reason_column
+from purokit.document import filter_column, filter_reason_column
 from kaiyuan.annotators import Annotator, check_file, register
 
 FILTER_CLASSES = {

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
-from common.document import filter_column, filter_reason_column, quality_column
+from purokit.document import filter_column, filter_reason_column, quality_column
 from kaiyuan.annotators import Annotator, cached, check_file, register
 
 DEFAULT_POSITIVE_LABEL = "__label__hq"

@@ -10,10 +10,10 @@ import sys
 import time
 from typing import Optional
 
-from common import atomic
-from common.cli import Command, guard
-from common.config import load_config
-from common.log import get_logger
+from purokit import atomic
+from purokit.cli import Command, guard
+from purokit.config import load_config
+from purokit.log import get_logger
 
 JOBS = ("ingest", "dedup", "score", "pipeline")
 log = get_logger("kaiyuan.jobs")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import Command, job_notes
+from purokit.cli import Command, job_notes
 
 
 def _args(ap: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def _spec(path: str, overrides: list[str]):
 
 def materialize(args: argparse.Namespace) -> int:
     """The spec's shard sets on a Spark session (local, or the cluster's under spark-submit)."""
-    from common import storage
+    from purokit import storage
     from kaiyuan.config import SparkConfig
     from kaiyuan.spark.materialize import default_work_dir, resolve_location, run
     from kaiyuan.spark.session import get_session

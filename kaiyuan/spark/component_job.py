@@ -3,8 +3,8 @@
 A job writes one component per source into its stage directory (`<run>/<stage>/<name>/`,
 ARCHITECTURE.md contract 2). Around the transform, each of them:
 1. skips a source whose component is complete for the same config section and inputs
-   (`common.manifest.find_complete`: the config hash and the input fingerprints must both match);
-2. removes temporary directories a killed run left in the stage (`common.atomic.clean_stale_tmp`);
+   (`purokit.manifest.find_complete`: the config hash and the input fingerprints must both match);
+2. removes temporary directories a killed run left in the stage (`purokit.atomic.clean_stale_tmp`);
 3. writes into a fresh attempt (`components_io.new_tmp_dir`: `.tmp-<name>.<uuid>/` on POSIX,
    `_attempt-<id>/` on an object store) that no reader sees;
 4. finalizes: the manifest (config, inputs, counts, timings, side outputs, where the documents came
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from common import atomic
-from common import storage
-from common.component import Component, ComponentManifest
-from common.log import get_logger
-from common.manifest import InputFingerprint, find_complete
+from purokit import atomic
+from purokit import storage
+from purokit.component import Component, ComponentManifest
+from purokit.log import get_logger
+from purokit.manifest import InputFingerprint, find_complete
 from kaiyuan.config import SourceConfig
 from kaiyuan.spark import components_io as cio
 

@@ -1,10 +1,10 @@
 """Reading and writing components (ARCHITECTURE.md contract 2) from Spark.
 
 Writing: each Spark partition is written by pyarrow on its executor into the component's attempt
-(`common.storage.new_attempt`: `<parent>/.tmp-<name>.<uuid>/` on POSIX, `<name>/_attempt-<id>/`
+(`purokit.storage.new_attempt`: `<parent>/.tmp-<name>.<uuid>/` on POSIX, `<name>/_attempt-<id>/`
 on an object store) as `part-<partition>.parquet`; side outputs (quarantine, removed duplicates)
 go into `_`-prefixed subdirectories that the component reader skips, and
-`common.component.finalize_component` writes the manifest and commits the attempt (rename, or
+`purokit.component.finalize_component` writes the manifest and commits the attempt (rename, or
 commit record). A later stage therefore sees either no component or a complete one. Reading a
 component on an object store also happens on the executors, through pyarrow over fsspec (no
 Hadoop S3A/GCS connector is needed). The rows of each file are
@@ -18,12 +18,12 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from common import storage
-from common.component import Component, ComponentManifest, finalize_component
-from common.errors import ContractError
-from common.hashing import canonical_json, sha256_bytes
-from common.manifest import InputFingerprint
-from common.document import spark_col
+from purokit import storage
+from purokit.component import Component, ComponentManifest, finalize_component
+from purokit.errors import ContractError
+from purokit.hashing import canonical_json, sha256_bytes
+from purokit.manifest import InputFingerprint
+from purokit.document import spark_col
 
 
 

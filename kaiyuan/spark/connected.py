@@ -11,7 +11,7 @@ often start there, so they need no round at all.
 
 from __future__ import annotations
 
-from common.log import get_logger
+from purokit.log import get_logger
 
 log = get_logger("kaiyuan.cc")
 

@@ -41,10 +41,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.component import Component, ComponentManifest
-from common.document import spark_col
-from common.log import get_logger
-from common.manifest import Stopwatch
+from purokit.component import Component, ComponentManifest
+from purokit.document import spark_col
+from purokit.log import get_logger
+from purokit.manifest import Stopwatch
 from kaiyuan import exact as ex
 from kaiyuan import minhash as mh
 from kaiyuan.config import RunConfig

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from common.component import ComponentManifest
-from common.log import get_logger
-from common.manifest import Stopwatch, fingerprints
+from purokit.component import ComponentManifest
+from purokit.log import get_logger
+from purokit.manifest import Stopwatch, fingerprints
 from kaiyuan import readers
 from kaiyuan.config import RunConfig, SourceConfig
 from kaiyuan.spark import components_io as cio

@@ -50,12 +50,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common import atomic, storage
-from common.component import Component
-from common.errors import ContractError
-from common.hashing import sha256_file
-from common.log import get_logger
-from common.manifest import MANIFEST_NAME, fingerprints
+from purokit import atomic, storage
+from purokit.component import Component
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
+from purokit.log import get_logger
+from purokit.manifest import MANIFEST_NAME, fingerprints
 from kaiyuan.spark.components_io import read_parquet, write_sorted_parquet
 from mixtures import curriculum as cm
 from mixtures.materialize import (BATCH_DOCS, assemble_manifest, component_uses_from, select_sets, set_progress,
@@ -850,7 +850,7 @@ def component_uses(spec: MixtureSpec, planned: Planned, plan, phase: str | None)
 
 def write_set(spark, spec: MixtureSpec, tokenizer: Tokenizer, planned: Planned, out: Path, token_dir: Path,
               set_name: str, phase: str | None, order: str, inputs: list) -> ShardManifest:
-    """One shard set through the commit protocol (`common.storage`): the tasks write its files
+    """One shard set through the commit protocol (`purokit.storage`): the tasks write its files
     into an attempt (a `.tmp-*` sibling directory, or `_attempt-<id>/` on an object store), then
     the manifest and run.json; the commit (a rename, or the commit record written last) makes it
     visible. A killed job leaves an attempt no reader sees; the next run removes it."""

@@ -15,13 +15,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from common import atomic
-from common import storage
-from common.component import Component, ComponentManifest
-from common.document import FILTER_PREFIX, QUALITY_PREFIX, REASON_SUFFIX, spark_col
-from common.hashing import sha256_bytes
-from common.log import get_logger
-from common.manifest import Stopwatch, fingerprints
+from purokit import atomic
+from purokit import storage
+from purokit.component import Component, ComponentManifest
+from purokit.document import FILTER_PREFIX, QUALITY_PREFIX, REASON_SUFFIX, spark_col
+from purokit.hashing import sha256_bytes
+from purokit.log import get_logger
+from purokit.manifest import Stopwatch, fingerprints
 from kaiyuan import annotators as ann
 from kaiyuan.config import RunConfig
 from kaiyuan.spark import components_io as cio

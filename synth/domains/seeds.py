@@ -17,8 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from common.config import StrictModel, repeated, validate
-from common.errors import ContractError
+from purokit.config import StrictModel, repeated, validate
+from purokit.errors import ContractError
 from synth.domains.finance_validate import Company, Template, template_problems
 from synth.domains.tool_validate import MAX_TOOLS_PER_TASK, tool_definition_problems
 

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
-from common.log import get_logger
+from purokit.log import get_logger
 
 log = get_logger("synth.sql_servers")
 

@@ -33,10 +33,10 @@ from typing import Any, Iterator
 from pydantic import Field
 from sqlglot.errors import OptimizeError, ParseError, TokenError
 
-from common.config import StrictModel
-from common.log import get_logger
-from common.hashing import stable_id
-from common.records import Verification
+from purokit.config import StrictModel
+from purokit.log import get_logger
+from purokit.hashing import stable_id
+from purokit.records import Verification
 from synth.checkpool import CheckTimeout
 from synth.domains import sql_servers
 from synth.domains import sql_validate as sv

@@ -33,9 +33,9 @@ from typing import Any, Iterator, Literal
 
 from pydantic import Field
 
-from common.config import StrictModel, validate
-from common.hashing import stable_id
-from common.records import Verification
+from purokit.config import StrictModel, validate
+from purokit.hashing import stable_id
+from purokit.records import Verification
 from synth.backends import tool_support
 from synth.client import RetriesExhausted
 from synth.domains import tool_sim

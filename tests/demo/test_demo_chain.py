@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 
-from demo.report import SECTIONS
-from demo.stages import STAGES
+from purokit.demo.report import SECTIONS
+from purokit.demo.stages import STAGES
 
 
 def test_every_stage_finishes_and_says_where_things_are(demo_run):
@@ -47,7 +47,7 @@ def test_report_has_every_section_with_images(demo_run):
 
 def test_rerun_reuses_every_finished_stage(demo_run):
     out, _ = demo_run
-    proc = subprocess.run([sys.executable, "-m", "demo", "--profile", "ci", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "purokit.demo", "--profile", "ci", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reused = [ln for ln in proc.stdout.splitlines() if "reused (finished before" in ln]

@@ -23,7 +23,7 @@ REPO = README.parent
 
 # run elsewhere: key -> (file that runs it, text that file must contain)
 ELSEWHERE = {
-    "make demo": ("tests/demo/conftest.py", '"-m", "demo"'),      # the same orchestrator, ci sizes
+    "make demo": ("tests/demo/conftest.py", '"-m", "purokit.demo"'),      # the same orchestrator, ci sizes
     "make test": (".ci/run", "make test"),
     "spark-submit kaiyuan/jobs/pipeline.py": ("tests/kaiyuan/test_submit.py", "jobs\" / \"pipeline.py"),
     "shell cd": ("tests/kaiyuan/test_submit.py", "zipped for --py-files"),   # packing the code for YARN
@@ -113,7 +113,7 @@ def test_readme_commands_run_as_written_on_the_demo_run(demo_run, tmp_path):
     ("torchrun --standalone --nproc_per_node 2 -m trainer train --config c.yaml", "torchrun -m trainer train"),
     ("spark-submit --master yarn --archives venv.tar.gz#venv kaiyuan/jobs/pipeline.py --config c", "spark-submit kaiyuan/jobs/pipeline.py"),
     ("printf 'a\\n' > costs.csv", "shell printf"),
-    ("(cd /path/to/purokit && zip -qr /tmp/p.zip common)", "shell cd"),
+    ("(cd /path/to/purokit && zip -qr /tmp/p.zip purokit)", "shell cd"),
 ])
 def test_command_keys(text, key):
     from tests.demo.readme_commands import command_key

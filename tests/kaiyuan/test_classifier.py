@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from kaiyuan.classifier import binary_metrics, read_card, roc_auc, split_heldout, train_classifier
 from kaiyuan.config import TrainClassifierConfig
 

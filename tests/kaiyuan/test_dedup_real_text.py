@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.component import Component
+from purokit.component import Component
 from tests.kaiyuan import oracles
 from kaiyuan import minhash as mh
 from kaiyuan.config import RunConfig

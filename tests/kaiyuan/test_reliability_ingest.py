@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from common.component import Component
+from purokit.component import Component
 from kaiyuan.config import RunConfig
 from kaiyuan.spark.ingest import run_ingest
 

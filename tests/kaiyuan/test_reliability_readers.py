@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from common.hashing import fingerprint
+from purokit.hashing import fingerprint
 from kaiyuan import readers
 
 OPTS = readers.ReadOptions(text_field="text", id_field="id")

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.component import Component
-from common.document import schema_problems
+from purokit.component import Component
+from purokit.document import schema_problems
 from tests.kaiyuan import oracles
 from kaiyuan.config import RunConfig
 from kaiyuan.spark.connected import star_components

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from common.component import Component
+from purokit.component import Component
 from kaiyuan.classifier import train_classifier
 from kaiyuan.config import RunConfig, TrainClassifierConfig
 from kaiyuan.spark.components_io import list_components
@@ -43,7 +43,7 @@ def _env(**extra):
 def build_py_files(dest: Path) -> Path:
     """The packages a job needs, zipped for --py-files (what a user ships to a cluster)."""
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
-        for pkg in ("common", "kaiyuan"):
+        for pkg in ("purokit", "kaiyuan"):
             for f in sorted((REPO / pkg).rglob("*.py")):
                 z.write(f, f.relative_to(REPO).as_posix())
     return dest

@@ -1,4 +1,4 @@
-"""Fixtures: small real components (Document parquet + manifest via common.component) and a small
+"""Fixtures: small real components (Document parquet + manifest via purokit.component) and a small
 byte-level BPE trained on their text, so materialization runs end to end in seconds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.component import finalize_component
+from purokit.component import finalize_component
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega the of and to in is for on with as by at from that this it").split()
@@ -55,7 +55,7 @@ def components(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tokenizer_json(tmp_path_factory, components) -> Path:
-    from common.component import Component
+    from purokit.component import Component
     from mixtures.tokenizers import train_bpe
 
     out = tmp_path_factory.mktemp("tok")

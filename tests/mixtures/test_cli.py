@@ -62,7 +62,7 @@ def test_slice_api_for_proxy_runs(tmp_path, components, tokenizer_json):
                           score_field="edu")
     full = materialize_slice(components["web"], tmp_path / "all", tokenizer=tok, seq_len=32)
     assert abs(m.n_tokens / full.n_tokens - 0.25) < 0.01            # the best quarter by token mass
-    from common.component import Component
+    from purokit.component import Component
     scores = Component.open(components["web"]).read(["id", "quality.edu"]).to_pandas().set_index("id")["quality.edu"]
     kept = set(_index(tmp_path / "band").doc_id)
     assert scores[list(kept)].min() >= scores.drop(index=list(kept)).max()

@@ -1,6 +1,6 @@
 """The demo's tokenizer and mixtures stages on stand-in kaiyuan components (the ci profile)."""
 
-from demo.context import DemoContext
+from purokit.demo.context import DemoContext
 from mixtures.reader import EvalReader, ShardReader
 from mixtures.tokenizers import load_tokenizer
 
@@ -8,8 +8,8 @@ from .conftest import make_component
 
 
 def test_tokenizer_and_mixtures_stages(tmp_path, capsys):
-    import demo.mixtures_stage as mixtures_stage
-    import demo.tokenizer_stage as tokenizer_stage
+    import purokit.demo.mixtures_stage as mixtures_stage
+    import purokit.demo.tokenizer_stage as tokenizer_stage
 
     comps = tmp_path / "kaiyuan" / "score"
     make_component(comps, "web", 900, seed=1, score="edu")

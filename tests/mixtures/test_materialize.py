@@ -87,7 +87,7 @@ def test_pool_conservation_curriculum_vs_uniform_1(sets):
 def test_within_component_rank_monotonic_in_curriculum_stream_4(sets, components):
     spec, out, _ = sets
     idx = _index(out / "p2-curriculum")
-    from common.component import Component
+    from purokit.component import Component
     for name, col, sign in (("web", "quality.edu", 1), ("math", "quality.math", -1)):
         scores = Component.open(components[name]).read(["id", col]).to_pandas().set_index("id")[col]
         d = idx[idx.component == name]
@@ -196,7 +196,7 @@ def _one(components, tokenizer_json, tmp_path, component, phase_share=None, set_
 
 
 def _scores(components, name, col):
-    from common.component import Component
+    from purokit.component import Component
     return Component.open(components[name]).read(["id", col]).to_pandas().set_index("id")[col]
 
 
@@ -216,7 +216,7 @@ def test_retention_top_fraction_by_token_mass(components, tokenizer_json, tmp_pa
     assert kept.max() <= dropped.min()                       # lower is better: the lowest scores kept
     use = ShardManifest.read(tmp_path / "o" / "p-uniform").components[0]
     assert use.n_tokens_retained == idx.n_tokens.sum()
-    from common.component import Component
+    from purokit.component import Component
     texts = Component.open(components["math"]).read(["text"]).column("text").to_pylist()
     _, lengths = load_tokenizer({"kind": "hf", "path": str(tokenizer_json)}).encode_flat(texts)
     assert abs(use.n_tokens_retained / lengths.sum() - 0.25) < 0.01       # a quarter of the token mass

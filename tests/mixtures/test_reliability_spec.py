@@ -1,11 +1,11 @@
 """Issue 21 (spec): a duplicate YAML key is refused with both line numbers (in every config and
-spec, through common.config.load_yaml); a bucket_count the documents cannot fill is refused with
+spec, through purokit.config.load_yaml); a bucket_count the documents cannot fill is refused with
 the numbers, before any work."""
 
 import pytest
 import yaml
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from mixtures.spec import MIN_DOCS_PER_BUCKET, MixtureSpecError, bucket_count_problem, check_components, load_spec, parse_spec
 from trainer.config import load_run_config
 
@@ -31,7 +31,7 @@ def test_duplicate_nested_key_in_a_trainer_config(tmp_path):
 
 
 def test_keys_repeated_in_different_mappings_are_fine(tmp_path):
-    from common.config import load_yaml
+    from purokit.config import load_yaml
 
     (tmp_path / "ok.yaml").write_text("a: {name: x}\nb: {name: y}\nbase: &b {k: 1}\nc:\n  <<: *b\n  j: 2\n")
     assert load_yaml(tmp_path / "ok.yaml")["c"] == {"k": 1, "j": 2}

@@ -1,4 +1,4 @@
-"""Small real components for proxy_eval tests (written through common.component)."""
+"""Small real components for proxy_eval tests (written through purokit.component)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.component import finalize_component
-from common.document import BASE_SCHEMA
+from purokit.component import finalize_component
+from purokit.document import BASE_SCHEMA
 
 
 def write_component(root: Path, name: str, texts: list[str], scores: list[float | None] | None = None,

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from proxy_eval.__main__ import main
 from proxy_eval.evaluate import evaluate_task
 from proxy_eval.models import TorchModuleScorer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.proxy_stage import arithmetic_mc, find_components, find_tokenizer, run, summary
+from purokit.demo.proxy_stage import arithmetic_mc, find_components, find_tokenizer, run, summary
 from tests.proxy_eval.helpers import write_component
 
 WORDS = ("the river flows past old stone bridges while children read books about distant stars and "
@@ -53,12 +53,12 @@ def test_find_outputs_of_earlier_stages(tmp_path):
 
 
 def test_demo_proxy_stage_ci_size(tmp_path, capsys):
-    from demo.context import DemoContext
+    from purokit.demo.context import DemoContext
     from mixtures.tokenizers import train_bpe
 
     rng = random.Random(1)
     comps = _corpus(tmp_path / "kaiyuan" / "components", rng)
-    from common.component import Component
+    from purokit.component import Component
 
     texts = [t for p in comps.values() for t in Component.open(p).read(columns=["text"]).column("text").to_pylist()]
     tok = train_bpe(texts, 600, tmp_path / "tokenizer")
@@ -107,7 +107,7 @@ def test_demo_proxy_stage_ci_size(tmp_path, capsys):
 
 
 def test_benchmarks_from_the_corpus_stage_eval_sets(tmp_path):
-    from demo.proxy_stage import build_suite
+    from purokit.demo.proxy_stage import build_suite
     from proxy_eval.tasks import load_task
 
     comps = _corpus(tmp_path / "components", random.Random(3))

@@ -86,7 +86,7 @@ def test_proxy_run_trains_evaluates_profiles_and_resumes(setup, monkeypatch):
         assert st.step == 2 and st.config["init_from"]["path"] == manifest.base_checkpoint
 
     # the base trained on samples disjoint from every slice
-    from common.component import Component
+    from purokit.component import Component
 
     sample_ids = set()
     for name in ("web", "code"):

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.component import Component
-from common.errors import ContractError
+from purokit.component import Component
+from purokit.errors import ContractError
 from proxy_eval.plan import ComponentRef, PlanConfig, SlicePlan, make_plan
 from proxy_eval.slices import (KEY_DTYPE, SliceRules, decide_component, key_records, locate, order_key,
                                percentile_band, select_slices, slice_name)
@@ -184,7 +184,7 @@ def test_plan_requires_token_counts(tmp_path):
     d = tmp_path / ".b"
     d.mkdir()
     pq.write_table(table, d / "p.parquet")
-    from common.component import finalize_component
+    from purokit.component import finalize_component
     finalize_component(d, tmp_path / "raw2", {"job": "t", "name": "raw2"})
     with pytest.raises(ContractError, match="n_tokens"):
         make_plan(PlanConfig(components=[ComponentRef(path=str(tmp_path / "raw2"))], out=str(tmp_path / "p")))
@@ -192,7 +192,7 @@ def test_plan_requires_token_counts(tmp_path):
 
 def test_plan_counts_tokens_and_excludes_eval_documents(tmp_path, tokenizer_dir):
     import pyarrow.parquet as pq
-    from common.component import finalize_component
+    from purokit.component import finalize_component
 
     path = synthetic_scored_component(tmp_path / "c", "web", n_docs=400, seed=4)
     table = Component.open(path).read().drop(["n_tokens"])
@@ -252,7 +252,7 @@ def test_slice_specs_select_the_same_documents_through_mixtures(tmp_path, tokeni
 
 
 def test_same_inputs_and_seeds_give_byte_identical_slices(tmp_path):
-    from common.hashing import sha256_file
+    from purokit.hashing import sha256_file
 
     web = synthetic_scored_component(tmp_path / "c", "web", n_docs=800, seed=9)
     total = Component.open(web).manifest.n_tokens
@@ -274,7 +274,7 @@ def test_auto_score_field_must_be_unambiguous(tmp_path):
     from tests.proxy_eval.helpers import write_component
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from common.component import finalize_component
+    from purokit.component import finalize_component
 
     path = write_component(tmp_path, "two", ["a b c d"] * 10, scores=[0.5] * 10)
     table = Component.open(path).read()

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from proxy_eval.evaluate import evaluate_suite, evaluate_task
 from proxy_eval.models import ContinuationScore, HFCausalLMScorer, TextScore, TorchModuleScorer
 from proxy_eval.tasks import DataSource, SuiteConfig, TaskConfig, load_task, mc_requests, read_records

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from common import storage
+from purokit import storage
 
 
 def _free_port() -> int:

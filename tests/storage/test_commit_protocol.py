@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from common import atomic, storage
-from common.errors import ContractError
+from purokit import atomic, storage
+from purokit.errors import ContractError
 from mixtures.shards import ShardSet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # written ("record").
 WRITER = """
 import os, signal, sys
-from common import storage
+from purokit import storage
 from mixtures import write_token_lists
 
 url, kill_at, n_docs = sys.argv[1], sys.argv[2], int(sys.argv[3])

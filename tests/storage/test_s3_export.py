@@ -5,7 +5,7 @@ IndexedDataset and by `datasets`, token for token the set's stream; an existing 
 import numpy as np
 import pytest
 
-from common import storage
+from purokit import storage
 from mixtures import write_token_lists
 from mixtures.__main__ import main
 from mixtures.export import ExportRecord

@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from common import storage
+from purokit import storage
 from tests.trainer.test_hf_import_checks import write_model
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config

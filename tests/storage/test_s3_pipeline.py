@@ -10,8 +10,8 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from common import storage
-from common.component import Component
+from purokit import storage
+from purokit.component import Component
 from kaiyuan.config import RunConfig
 from kaiyuan.spark.dedup import run_dedup
 from kaiyuan.spark.ingest import run_ingest

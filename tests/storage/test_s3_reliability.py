@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from common import storage
-from common.errors import ContractError
+from purokit import storage
+from purokit.errors import ContractError
 from mixtures import write_token_lists
 from mixtures.shards import ShardSet
 
@@ -179,7 +179,7 @@ def test_inspect_verify_of_an_s3_parent_reports_a_set_whose_record_lacks_the_man
 RACER = """
 import sys, time
 from pathlib import Path
-from common import storage
+from purokit import storage
 from mixtures.__main__ import main
 turns, me, other, first = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "first"
 publish = storage.publish_dir

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common import storage
+from purokit import storage
 from mixtures.inspect import inspect_sets
 from mixtures.materialize import materialize
 from mixtures.shards import ShardManifest
@@ -27,7 +27,7 @@ SETS = ["eval", "p1-uniform", "p2-curriculum"]
 @pytest.fixture(scope="module")
 def local_components(tmp_path_factory):
     """Two small components on local disk and a byte-level BPE trained on them."""
-    from common.component import Component
+    from purokit.component import Component
     from mixtures.tokenizers import train_bpe
 
     root = tmp_path_factory.mktemp("components")

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from common import atomic, storage
+from purokit import atomic, storage
 from mixtures import write_token_lists
 from tests.trainer.conftest import SEQ_LEN, VOCAB, run_config, synthetic_docs
 from trainer import checkpoint as ckpt

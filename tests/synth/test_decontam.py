@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from synth.decontam import EvalIndex, build_eval_index, clean_records, removal_summary
-from common.records import Message, SynthRecord
+from purokit.records import Message, SynthRecord
 
 EVAL_Q = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
           "How many clips did Natalia sell altogether in April and May?")

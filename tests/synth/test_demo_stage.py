@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from demo.context import PROFILES, DemoContext
+from purokit.demo.context import PROFILES, DemoContext
 from synth.export import load_export
 
 
 def test_synth_stage_exports_pairs_and_reports_the_teacher(tmp_path, monkeypatch):
     monkeypatch.setitem(PROFILES, "synth-test", dict(PROFILES["ci"], synth_teacher="scripted"))
-    import demo.synth_stage as stage
+    import purokit.demo.synth_stage as stage
     ctx = DemoContext(root=tmp_path, profile="synth-test")
     ctx.stage = "synth"
     res = stage.run(ctx)
@@ -33,7 +33,7 @@ def test_synth_stage_poses_the_corpus_math_problems(tmp_path, monkeypatch):
 
     import zstandard
 
-    from demo.synth_stage import _corpus_math
+    from purokit.demo.synth_stage import _corpus_math
     src = tmp_path / "sources" / "math"
     src.mkdir(parents=True)
     rows = [{"id": f"m{i}", "text": "...", "problem": f"Ada has {n} coins and finds {n} more. How many?", "answer": str(2 * n)}
@@ -55,8 +55,8 @@ def test_synth_stage_poses_the_corpus_math_problems(tmp_path, monkeypatch):
 
 def test_one_teacher_serves_both_stages_and_is_stopped_after_the_second(tmp_path, monkeypatch):
     from synth.servers import probe_models
-    import demo.synth_domains_stage as domains
-    import demo.synth_stage as stage
+    import purokit.demo.synth_domains_stage as domains
+    import purokit.demo.synth_stage as stage
 
     monkeypatch.setitem(PROFILES, "synth-test", dict(PROFILES["ci"], synth_teacher="scripted", synth_problems=4,
                                                      synth_domains_sql_n=1, synth_domains_tool_n=1))
@@ -74,7 +74,7 @@ def test_one_teacher_serves_both_stages_and_is_stopped_after_the_second(tmp_path
 
 def test_a_failing_synth_stage_stops_its_teacher(tmp_path, monkeypatch):
     from synth.servers import probe_models
-    import demo.synth_stage as stage
+    import purokit.demo.synth_stage as stage
     import synth.engine
 
     monkeypatch.setitem(PROFILES, "synth-test", dict(PROFILES["ci"], synth_teacher="scripted", synth_problems=4))
@@ -92,14 +92,14 @@ def test_a_failing_synth_stage_stops_its_teacher(tmp_path, monkeypatch):
 
 
 def test_the_orchestrator_stops_the_teacher_when_the_run_ends(tmp_path, monkeypatch):
-    """`python -m demo --only synth`: no synth_domains stage takes the teacher over, so the
+    """`python -m purokit.demo --only synth`: no synth_domains stage takes the teacher over, so the
     orchestrator's end-of-run cleanup stops it; a later run with the synth stage reused starts
     it again from the recorded description for the domain stage."""
     import json
 
-    from demo.__main__ import run_demo
+    from purokit.demo.__main__ import run_demo
     from synth.servers import probe_models
-    import demo.synth_stage as stage
+    import purokit.demo.synth_stage as stage
 
     monkeypatch.setitem(PROFILES, "synth-test", dict(PROFILES["ci"], synth_teacher="scripted", synth_problems=4,
                                                      synth_domains_sql_n=1, synth_domains_tool_n=1))
@@ -115,7 +115,7 @@ def test_sigterm_while_a_teacher_runs_unwinds_like_ctrl_c(tmp_path):
     import os
     import signal
 
-    import demo.synth_stage as stage
+    import purokit.demo.synth_stage as stage
 
     class Handle:
         stopped = False
@@ -144,8 +144,8 @@ def test_one_vllm_teacher_serves_both_stages(tmp_path, monkeypatch):
     import time
 
     from synth import servers
-    import demo.synth_domains_stage as domains
-    import demo.synth_stage as stage
+    import purokit.demo.synth_domains_stage as domains
+    import purokit.demo.synth_stage as stage
 
     spec = servers.default_spec("vllm", served_name="teacher")
     if not (Path(spec.python).exists() and Path(spec.model).exists()):

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from synth.backends import CachedBackend, VllmBackend, result_from_vllm_output, vllm_sampling_kwargs
 from synth.cache import ResponseCache
 from synth.client import ChatRequest, TeacherConfig
@@ -25,7 +25,7 @@ from synth.export import load_export
 from synth.fakeserver import Fault
 from synth.pipeline import GeneratorConfig, Row, Step, register_step
 from synth.servers import free_port
-from common.records import SYSTEM_OFF, SYSTEM_ON, read_records
+from purokit.records import SYSTEM_OFF, SYSTEM_ON, read_records
 
 from .conftest import fast_teacher, pairs_config, spawn_synth
 

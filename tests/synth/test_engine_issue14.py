@@ -14,7 +14,7 @@ import time
 
 import yaml
 
-from common.records import read_records
+from purokit.records import read_records
 from synth.checkpool import CheckTimeout, check_pool
 from synth.client import ChatClient, ChatRequest, ScaledClock, TeacherConfig
 from synth.engine import run

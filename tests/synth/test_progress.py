@@ -1,5 +1,5 @@
 """Progress of long runs: prompts done, live tokens/s, an ETA, and each endpoint's concurrency,
-through the one reporter of every command (common.progress): a bar on a terminal or
+through the one reporter of every command (purokit.progress): a bar on a terminal or
 `prompt <done>/<total> | <figures>` lines to a log (the demo's stages)."""
 
 from __future__ import annotations

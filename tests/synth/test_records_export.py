@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from synth.export import export_records, load_export, to_arrow
-from common.records import Message, Rollout, SynthRecord, read_records, write_records
+from purokit.records import Message, Rollout, SynthRecord, read_records, write_records
 
 
 def sft(i: int, mode: str = "on", **kw) -> SynthRecord:

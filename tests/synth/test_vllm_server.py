@@ -17,7 +17,7 @@ import pytest
 
 from synth.client import ChatClient, ChatRequest, RequestRejected, TeacherConfig
 from synth.engine import apply_teacher_overrides, load_generator, run
-from common.records import read_records
+from purokit.records import read_records
 from synth.servers import default_spec, free_port, probe_models
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.__main__ import main as trainer_main
 from trainer.average import average_checkpoints, average_last, average_state_dicts, select_for_average

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config
 from trainer.train import Dist, build, resolve_start, train

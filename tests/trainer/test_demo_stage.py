@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.context import DemoContext
+from purokit.demo.context import DemoContext
 from trainer import checkpoint as ckpt
 from trainer.__main__ import main as trainer_main
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def stage(bpe, tmp_path_factory):
-    import demo.trainer_stage as trainer_stage
+    import purokit.demo.trainer_stage as trainer_stage
 
     root = tmp_path_factory.mktemp("demo")
     ctx = DemoContext(root=root, profile="ci")

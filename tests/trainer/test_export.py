@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.__main__ import main as trainer_main
 from trainer.export import export_hf, hf_tensor_shapes

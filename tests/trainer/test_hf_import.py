@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config
 from trainer.export import export_hf

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config
 from trainer.export import hf_tensor_shapes

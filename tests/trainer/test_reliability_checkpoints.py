@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config
 from trainer.model import ModelConfig

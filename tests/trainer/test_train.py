@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from trainer import checkpoint as ckpt
 from trainer.config import load_run_config
 from trainer.model import build_model, token_losses

@@ -35,7 +35,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from common.config import StrictModel
+from purokit.config import StrictModel
 
 E4M3_MAX = 448.0
 """Largest finite magnitude of float8_e4m3fn."""

@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from common.sandbox import SandboxLimits
+from purokit.sandbox import SandboxLimits
 from synth.domains.code_validate import (
     Problem,
     benchmark_bodies,

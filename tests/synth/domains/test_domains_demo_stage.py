@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from demo.context import DemoContext
+from purokit.demo.context import DemoContext
 
 
 def test_stage_runs_sql_and_tool_use_and_reports_every_stage(tmp_path):
-    import demo.synth_domains_stage as stage
+    import purokit.demo.synth_domains_stage as stage
 
     ctx = DemoContext(root=tmp_path, profile="ci")
     ctx.stage = "synth_domains"
@@ -39,7 +39,7 @@ def test_stage_against_the_real_local_teacher(tmp_path):
     """The same stage against SmolLM2-135M-Instruct behind vLLM's own server (needs .venv-vllm:
     `make teacher-env`): the whole protocol path is real, and the validators reject what is wrong."""
     from synth import servers
-    import demo.synth_domains_stage as stage
+    import purokit.demo.synth_domains_stage as stage
 
     spec = servers.default_spec("vllm", served_name="teacher")
     if not (Path(spec.python).exists() and Path(spec.model).exists()):

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from synth.domains.finance import load_contexts
 
 COMPANIES = """schema: companies/1

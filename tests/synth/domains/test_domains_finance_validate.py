@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from synth.domains.finance_validate import (
     Instance,
     cap_markdown,

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from synth.domains.seeds import load_mcq_seeds
 
 SEEDS = """schema: mcq_seeds/1

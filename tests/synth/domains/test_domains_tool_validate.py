@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 from synth.domains.seeds import load_toolsets
 from synth.domains.tool_validate import (
     conversation_problems,

@@ -3,7 +3,7 @@ one, or none.
 
 Locally: write under a temporary name in the same directory, fsync, then rename; a killed writer
 leaves only `.tmp-*` debris, which `clean_stale_tmp` removes on the next run. On an object store
-(a URL): one PUT for a file, the commit protocol of `common.storage` for a directory.
+(a URL): one PUT for a file, the commit protocol of `purokit.storage` for a directory.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from common.storage import TMP_PREFIX, AnyPath, atomic_path, clean_stale_tmp, write_bytes
+from purokit.storage import TMP_PREFIX, AnyPath, atomic_path, clean_stale_tmp, write_bytes
 
 __all__ = ["TMP_PREFIX", "atomic_path", "clean_stale_tmp", "write_bytes", "write_text", "write_json"]
 

@@ -1,4 +1,4 @@
-"""`python -m demo.report RUN_DIR [--out report.html]`: one self-contained HTML page (images
+"""`python -m purokit.demo.report RUN_DIR [--out report.html]`: one self-contained HTML page (images
 embedded) that a person can read, built from any demo run directory.
 
 Sections: data (dedup and filter statistics per source), proxy experiments (profile table and PCA
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from common import atomic
+from purokit import atomic
 
 STAGE_FILE = "stage.json"
 
@@ -239,7 +239,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
             body.append(section_trainer(r["trainer"], r.get("sft")))
         elif key == "synth":
             body.append(section_synth(r.get("synth"), r.get("synth_domains")))
-    from demo.stages import STAGES
+    from purokit.demo.stages import STAGES
 
     ran = [n for n, _ in STAGES if n in stages] + sorted(set(stages) - {n for n, _ in STAGES})
     total = sum(stages[n].get("elapsed_s") or 0.0 for n in ran)
@@ -256,7 +256,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m demo.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m purokit.demo.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report.html")
     args = ap.parse_args(argv)

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common import atomic
-from common.hashing import stable_id
+from purokit import atomic
+from purokit.hashing import stable_id
 
 SIZES = {"sft_steps": 30, "sft_global_batch": 8, "sft_seq_len": 512, "sft_eval_fraction": 0.15}
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence, Union
 import yaml
 from pydantic import ValidationError
 
-from common.errors import ContractError, OverrideError
+from purokit.errors import ContractError, OverrideError
 
 
 
@@ -111,6 +111,6 @@ def dispatch(doc: str, commands: dict[str, Runnable], argv: Sequence[str] | None
 def job_notes() -> Callable[[str], None]:
     """Where a job's `progress=` notes go from a command: the one reporter's `note`, so they print
     in the same stream and order as every command's progress lines."""
-    from common.progress import Reporter
+    from purokit.progress import Reporter
 
     return Reporter(None, unit="step", mode="line").note

@@ -106,7 +106,7 @@ def result_paths(result: Any) -> list[Path]:
 def _is_component(p: Path) -> bool:
     import json
 
-    from common.manifest import MANIFEST_NAME
+    from purokit.manifest import MANIFEST_NAME
 
     try:
         return json.loads((p / MANIFEST_NAME).read_text()).get("schema") == "component/1"
@@ -117,7 +117,7 @@ def _is_component(p: Path) -> bool:
 def component_dirs(result: Any) -> dict[str, Path]:
     """Component directories named anywhere in a stage result (a component directory, or a
     directory of them), by component name; the first mention of a name wins."""
-    from common.component import Component
+    from purokit.component import Component
 
     found: dict[str, Path] = {}
     for p in result_paths(result):

@@ -417,7 +417,7 @@ def isolation_status(python: str | None = None) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _warn_fallback(reason: str) -> None:
-    warnings.warn(f"common.sandbox: no kernel namespaces ({reason}); untrusted code runs with rlimits and the audit "
+    warnings.warn(f"purokit.sandbox: no kernel namespaces ({reason}); untrusted code runs with rlimits and the audit "
                   "hook only (install bubblewrap for mount/PID/network isolation)", SandboxIsolationWarning, stacklevel=3)
 
 
@@ -639,7 +639,7 @@ def _run(code: str, tests: str, limits: SandboxLimits | None, files: dict[str, s
     problem = _namespaces_problem(python)
     if problem is not None:
         if limits.require_namespaces:
-            raise SandboxUnavailable(f"common.sandbox: namespaces required but unavailable: {problem}")
+            raise SandboxUnavailable(f"purokit.sandbox: namespaces required but unavailable: {problem}")
         _warn_fallback(problem)
     root = Path(tempfile.mkdtemp(prefix="purokit-sandbox-"))
     try:

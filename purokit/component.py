@@ -2,9 +2,9 @@
 one source plus `manifest.json`.
 
 One writer (`finalize_component`) and one reader (`Component.open`). Spark jobs write their part
-files into an attempt directory (`common.storage.new_attempt`) and call `finalize_component`, which
+files into an attempt directory (`purokit.storage.new_attempt`) and call `finalize_component`, which
 checks the schema, records every file's rows, bytes and sha256, writes the manifest, and commits
-the attempt: a rename on POSIX, the commit record on an object store (`common.storage`).
+the attempt: a rename on POSIX, the commit record on an object store (`purokit.storage`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from common import storage
-from common.config import StrictModel
-from common.document import DOCUMENT_SCHEMA_VERSION, schema_problems
-from common.errors import ContractError
-from common.hashing import sha256_file
-from common.manifest import MANIFEST_NAME, RunManifest
+from purokit import storage
+from purokit.config import StrictModel
+from purokit.document import DOCUMENT_SCHEMA_VERSION, schema_problems
+from purokit.errors import ContractError
+from purokit.hashing import sha256_file
+from purokit.manifest import MANIFEST_NAME, RunManifest
 
 COMPONENT_SCHEMA = "component/1"
 

@@ -1,4 +1,4 @@
-"""common.sandbox: the verdicts a code benchmark and a code verifier rely on."""
+"""purokit.sandbox: the verdicts a code benchmark and a code verifier rely on."""
 
 import os
 import subprocess
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common import sandbox
-from common.sandbox import (SandboxJob, SandboxLimits, isolation_status, network_namespace_prefix, run_many,
+from purokit import sandbox
+from purokit.sandbox import (SandboxJob, SandboxLimits, isolation_status, network_namespace_prefix, run_many,
                             run_python)
 
 FAST = SandboxLimits(timeout_s=5, memory_mb=512)
@@ -291,7 +291,7 @@ def test_killing_the_caller_does_not_reach_it(hook):
     # run in a helper process, so that a failure kills the helper, not the test session
     code = (f"import os, signal\nfor pid in (os.getppid(), {os.getpid()}):\n"
             "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(e)\n")
-    helper = ("import sys\nfrom common.sandbox import SandboxLimits, run_python\n"
+    helper = ("import sys\nfrom purokit.sandbox import SandboxLimits, run_python\n"
               f"v = run_python({code!r}, limits=SandboxLimits(timeout_s=5, memory_mb=512, audit_hook={hook}))\n"
               "print('helper alive', v.status)\n")
     r = subprocess.run([sys.executable, "-c", helper], capture_output=True, text=True, timeout=60,
@@ -332,7 +332,7 @@ def test_fallback_runs_in_its_work_directory_and_cannot_reach_the_verdict_files(
 # ---- the value channel: results cross the boundary as plain data ---------------------------------
 
 def test_values_come_back_as_exact_plain_data():
-    from common.sandbox import run_python_values
+    from purokit.sandbox import run_python_values
     code = "def f():\n    return {'a': [1, 2.5, (3, b'x')], 's': {1, 2}, 'n': None, 'c': 1+2j, 'big': 2**100, 't': True}\n"
     verdict, values = run_python_values(code, ["f()", "'x' * 3"], SandboxLimits(timeout_s=20))
     assert verdict.passed, verdict
@@ -343,7 +343,7 @@ def test_values_come_back_as_exact_plain_data():
 
 
 def test_objects_of_the_code_are_not_plain_data():
-    from common.sandbox import run_python_values
+    from purokit.sandbox import run_python_values
     code = ("class Eq:\n    def __eq__(self, o): return True\n"
             "class I(int):\n    pass\n"
             "class Spoof:\n    __class__ = property(lambda self: int)\n")
@@ -353,7 +353,7 @@ def test_objects_of_the_code_are_not_plain_data():
 
 
 def test_records_forged_on_the_value_channel_are_an_error():
-    from common.sandbox import run_python_values
+    from purokit.sandbox import run_python_values
     code = ("import os\n"
             "for fd in range(3, 64):\n"
             "    try:\n"

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from common.errors import ContractError, OverrideError
+from purokit.errors import ContractError, OverrideError
 
 C = TypeVar("C", bound=BaseModel)
 

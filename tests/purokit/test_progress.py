@@ -2,7 +2,7 @@
 
 import pytest
 
-from common.progress import Reporter, progress_text, resolve_mode
+from purokit.progress import Reporter, progress_text, resolve_mode
 
 
 def test_line_form_names_unit_count_and_message():

@@ -5,13 +5,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common import atomic
-from common.component import Component, finalize_component
-from common.config import load_config
-from common.document import BASE_SCHEMA, schema_problems
-from common.errors import ContractError
-from common.hashing import config_hash, fingerprint
-from common.manifest import RunManifest, find_complete, fingerprints
+from purokit import atomic
+from purokit.component import Component, finalize_component
+from purokit.config import load_config
+from purokit.document import BASE_SCHEMA, schema_problems
+from purokit.errors import ContractError
+from purokit.hashing import config_hash, fingerprint
+from purokit.manifest import RunManifest, find_complete, fingerprints
 from pydantic import BaseModel
 
 
@@ -140,7 +140,7 @@ def test_load_config_overrides_and_errors(tmp_path):
 
 
 def test_overrides_index_lists():
-    from common.config import apply_overrides
+    from purokit.config import apply_overrides
 
     data = {"steps": [{"kind": "a", "n": 1}, {"kind": "b", "n": 2}]}
     apply_overrides(data, ["steps.1.n=8", "new.key=[1, 2]"])
@@ -150,7 +150,7 @@ def test_overrides_index_lists():
 
 
 def test_repeated_names_every_value_seen_twice_sorted_once():
-    from common.config import repeated
+    from purokit.config import repeated
 
     assert repeated(["b", "a", "c", "b", "a", "b"]) == ["a", "b"]
     assert repeated(x for x in ("web", "code")) == []

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from common import atomic
+from purokit import atomic
 
 SPECIALIST = ("math", "code")
 
@@ -35,7 +35,7 @@ def _score_field(columns: list[str]) -> str | None:
 def _text_bytes(path: Path) -> int:
     import pyarrow.compute as pc
 
-    from common.component import Component
+    from purokit.component import Component
 
     t = Component.open(path).read(columns=["text"]).column("text")
     return int(pc.sum(pc.binary_length(t.cast("binary"))).as_py() or 0)
@@ -44,7 +44,7 @@ def _text_bytes(path: Path) -> int:
 def build_spec(components: dict[str, Path], tokenizer_json: str, *, seq_len: int, buckets: int,
                transition_fraction: float, holdout_fraction: float, keep_fraction: dict[str, float],
                tokens_per_byte: float) -> dict[str, Any]:
-    from common.component import Component
+    from purokit.component import Component
 
     comps = []
     general, special = [], []
@@ -92,7 +92,7 @@ def build_spec(components: dict[str, Path], tokenizer_json: str, *, seq_len: int
 
 
 def run(ctx) -> dict[str, Any]:
-    from demo.context import component_dirs
+    from purokit.demo.context import component_dirs
     from mixtures.inspect import describe, plot_composition, plot_rank_profiles
     from mixtures.materialize import materialize
     from mixtures.spec import load_spec
@@ -144,7 +144,7 @@ def run(ctx) -> dict[str, Any]:
 
 
 def _sample_texts(path: Path, n: int) -> list[str]:
-    from common.component import Component
+    from purokit.component import Component
 
     comp = Component.open(path)
     for batch in comp.iter_batches(columns=["text"], batch_size=n):

@@ -1,11 +1,11 @@
 """Run manifests: what a job read, with which config and code, what it wrote, counts and timings.
 
 Every job ends by writing `manifest.json` atomically into its output directory (local or an
-object-store URL; see `common.storage` for the commit protocol). A job that finds a complete,
+object-store URL; see `purokit.storage` for the commit protocol). A job that finds a complete,
 committed manifest there for the same inputs and config skips its work (`find_complete`).
 
 Each contract file carries `schema` ("<kind>/<version>") and is validated on read; subclasses of
-`RunManifest` add their own fields (the component manifest in `common.component`, the shard
+`RunManifest` add their own fields (the component manifest in `purokit.component`, the shard
 manifest in `mixtures`, ...).
 """
 
@@ -19,11 +19,11 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import Field
 
-from common import atomic, storage
-from common.config import StrictModel, load_contract
-from common.errors import ContractError
-from common.hashing import config_hash, fingerprint
-from common.version import code_version
+from purokit import atomic, storage
+from purokit.config import StrictModel, load_contract
+from purokit.errors import ContractError
+from purokit.hashing import config_hash, fingerprint
+from purokit.version import code_version
 
 MANIFEST_NAME = "manifest.json"
 

@@ -38,7 +38,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from upath import UPath
 
-from common.errors import ContractError
+from purokit.errors import ContractError
 
 TMP_PREFIX = ".tmp-"
 ATTEMPT_PREFIX = "_attempt-"

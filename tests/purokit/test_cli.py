@@ -1,4 +1,4 @@
-"""The one command layer (common/cli.py) as a user meets it: every `python -m <package>` command
+"""The one command layer (purokit/cli.py) as a user meets it: every `python -m <package>` command
 exits 2 with ONE stderr line naming the file and the field on a bad config, and naming the file on
 a missing input; a bug keeps its traceback. Real subprocesses, failing at config load (no Spark
 session, no model), so each costs an interpreter start."""
@@ -101,8 +101,8 @@ def test_a_bug_keeps_its_traceback(tmp_path):
 def test_user_error_lines_name_file_and_field():
     from pydantic import BaseModel, ValidationError
 
-    from common.cli import user_error
-    from common.config import load_config, StrictModel
+    from purokit.cli import user_error
+    from purokit.config import load_config, StrictModel
 
     class Inner(StrictModel):
         n: int = 1

@@ -18,7 +18,7 @@ import asyncio
 import importlib
 from typing import Any
 
-from demo.synth_stage import release_teacher, shared_teacher
+from purokit.demo.synth_stage import release_teacher, shared_teacher
 
 # Smaller token budgets than the shipped configs: a 135M model rambles, and the stage has ~1.5 min.
 SQL_PARAMS = {"schema": {"max_tokens": 360, "temperature": 0.7}, "task": {"max_tokens": 160, "temperature": 0.7}}

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from common.log import get_logger
+from purokit.log import get_logger
 
 MODES = ("auto", "bar", "line", "none")
 

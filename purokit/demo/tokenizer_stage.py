@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from demo.context import component_dirs
+from purokit.demo.context import component_dirs
 
 
 def run(ctx) -> dict[str, Any]:

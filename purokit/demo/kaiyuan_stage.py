@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_config(ctx, corpus: dict[str, Any], model: Path, out: Path) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def planted_recall(planted_file: Path, dedup_dir: Path) -> dict[str, Any]:
     """How many planted copies the dedup removed, and how many originals it kept."""
     import pyarrow.parquet as pq
 
-    from common.component import Component
+    from purokit.component import Component
 
     groups = json.loads(planted_file.read_text())["groups"]
     removed: dict[str, set[str]] = {}
@@ -107,7 +107,7 @@ def planted_recall(planted_file: Path, dedup_dir: Path) -> dict[str, Any]:
 
 
 def run(ctx) -> dict[str, Any]:
-    from common import atomic
+    from purokit import atomic
     from kaiyuan import report
 
     corpus = ctx.result("corpus")

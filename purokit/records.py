@@ -36,9 +36,9 @@ from typing import Any, Iterable, Iterator, Literal
 import pyarrow.parquet as pq
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from common import atomic
-from common.config import StrictModel, iter_jsonl, validate
-from common.errors import ContractError
+from purokit import atomic
+from purokit.config import StrictModel, iter_jsonl, validate
+from purokit.errors import ContractError
 
 RECORD_SCHEMA = "synth-record/2"
 READABLE_SCHEMAS = ("synth-record/1", RECORD_SCHEMA)     # /1: the same without `tools`

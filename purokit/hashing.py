@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from common import storage
-from common.storage import sha256_file
+from purokit import storage
+from purokit.storage import sha256_file
 
 __all__ = ["sha256_file", "sha256_bytes", "canonical_json", "config_hash", "fingerprint", "stable_id"]
 

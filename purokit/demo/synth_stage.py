@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import atomic
+from purokit import atomic
 
 EVAL_SEED = 99_001
 
@@ -208,7 +208,7 @@ def _teacher(ctx: Any, kind: str, out: Path) -> tuple[Any, dict[str, Any], str]:
     if kind == "vllm" or (kind == "auto" and have_vllm):
         if not have_vllm:
             raise RuntimeError("the demo teacher needs vLLM's CPU server: run `make teacher-env` "
-                               "(`make demo` does it before `python -m demo`)")
+                               "(`make demo` does it before `python -m purokit.demo`)")
         ctx.step("starting the teacher: vLLM OpenAI server (SmolLM2-135M-Instruct, .venv-vllm)")
         srv = servers.start_server(spec, log_dir=out / "logs")
         ctx.step(f"teacher ready in {srv.ready_s:.1f}s at {srv.base_url}")

@@ -342,7 +342,7 @@ def run(ctx) -> dict[str, Any]:
     import pyarrow.parquet as pq
     import zstandard
 
-    from common import atomic
+    from purokit import atomic
 
     out = ctx.stage_dir()
     for sub in ("sources", "eval", "labelled"):

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from common import atomic
+from purokit import atomic
 
-SIZES = {  # profile key -> default (the "demo" profile's values are in demo/context.py)
+SIZES = {  # profile key -> default (the "demo" profile's values are in purokit/demo/context.py)
     "trainer_phase1_steps": 400, "trainer_phase2_steps": 200, "trainer_continue_steps": 100,
     "trainer_avg_spacing": 20, "trainer_global_batch": 8, "trainer_eval_sequences": 48, "trainer_eval_every": 80,
 }

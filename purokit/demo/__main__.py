@@ -1,4 +1,4 @@
-"""`python -m demo [--out runs/demo] [--profile demo|ci] [--only a,b] [--force a,b]`"""
+"""`python -m purokit.demo [--out runs/demo] [--profile demo|ci] [--only a,b] [--force a,b]`"""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import atomic
-from common.hashing import config_hash
-from demo.context import PROFILES, DemoContext
-from demo.stages import STAGES
+from purokit import atomic
+from purokit.hashing import config_hash
+from purokit.demo.context import PROFILES, DemoContext
+from purokit.demo.stages import STAGES
 
 STAGE_FILE = "stage.json"
 
@@ -72,7 +72,7 @@ def print_summary(ctx: DemoContext) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m purokit.demo", description=__doc__)
     ap.add_argument("--out", default="runs/demo", type=Path)
     ap.add_argument("--profile", default="demo", choices=sorted(PROFILES))
     ap.add_argument("--only", default="", help="comma-separated stages to run (others are reused if finished)")
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = run_demo(args.out.resolve(), args.profile, split(args.only) or None, split(args.force))
     print_summary(ctx)
     if ctx.results:
-        from demo.report import build_report
+        from purokit.demo.report import build_report
         print(f"\nReport: {build_report(ctx.root)}")
     return 0
 

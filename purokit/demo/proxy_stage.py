@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from common.component import Component
-from common.document import score_columns
-from demo.context import component_dirs, find_tokenizer  # noqa: F401  (find_tokenizer: re-exported)
+from purokit.component import Component
+from purokit.document import score_columns
+from purokit.demo.context import component_dirs, find_tokenizer  # noqa: F401  (find_tokenizer: re-exported)
 
 DOMAIN_GROUPS = (("code", "Code"), ("math", "Math"))
 _LAST_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)(?!.*\d)", re.S)
@@ -145,7 +145,7 @@ def _score_field(path: Path) -> str:
 def write_yaml(path: Path, data: dict[str, Any]) -> None:
     import yaml
 
-    from common import atomic
+    from purokit import atomic
 
     atomic.write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
@@ -178,7 +178,7 @@ def run(ctx) -> dict[str, Any]:
     from proxy_eval.profiles import read_profile
     from proxy_eval.run import ProxyRunConfig, ProxyRunner
     from proxy_eval.slices import SliceRules
-    from common import atomic
+    from purokit import atomic
 
     torch.set_num_threads(int(ctx.size("proxy_threads", 1)))
     out = ctx.stage_dir()
