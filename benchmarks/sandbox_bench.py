@@ -37,9 +37,14 @@ CODE, TESTS = "def f(x):\n    return x + 1\n", "assert f(1) == 2"
 
 
 def load_before(commit: str):
-    """purokit/sandbox.py as of `commit`, imported as a separate module."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:common/sandbox.py"], capture_output=True, text=True,
-                         check=True).stdout
+    """The sandbox as of `commit` (common/sandbox.py before the purokit package, purokit/sandbox.py
+    after), imported as a separate module."""
+    for path in ("common/sandbox.py", "purokit/sandbox.py"):
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
+    src = shown.stdout
     path = Path(tempfile.mkdtemp(prefix="sandbox-before-")) / "sandbox_before.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("sandbox_before", path)
