@@ -37,10 +37,11 @@ CODE, TESTS = "def f(x):\n    return x + 1\n", "assert f(1) == 2"
 
 
 def load_before(commit: str):
-    """The sandbox as of `commit` (common/sandbox.py before the purokit package, purokit/sandbox.py
+    """The sandbox as of `commit` (in the shared package, named `common` before issue 36 and `purokit`
     after), imported as a separate module."""
-    for path in ("common/sandbox.py", "purokit/sandbox.py"):
-        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, text=True)
+    for package in ("common", "purokit"):
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{package}/sandbox.py"], capture_output=True,
+                               text=True)
         if shown.returncode == 0:
             break
     shown.check_returncode()
