@@ -45,6 +45,7 @@ from purokit.component import Component, ComponentManifest
 from purokit.document import spark_col
 from purokit.log import get_logger
 from purokit.manifest import Stopwatch
+from purokit.progress import Reporter
 from kaiyuan import exact as ex
 from kaiyuan import minhash as mh
 from kaiyuan.config import RunConfig
@@ -442,7 +443,8 @@ def write_components(spark, job: ComponentJob, components: dict[str, Component],
 
     d, names = run.cfg.dedup, sorted(components)
     out: dict[str, ComponentManifest] = {}
-    for n in names:
+    progress = Reporter(len(names), unit="component", mode="line")
+    for i, n in enumerate(names, 1):
         c = components[n]
         tmp = job.attempt(n)
         s = stats.get(n, {})
@@ -470,7 +472,7 @@ def write_components(spark, job: ComponentJob, components: dict[str, Component],
         out[n] = job.commit(tmp, n, config=config, inputs=inputs, origin=c, counts=counts,
                             timings_s=run.sw.timings_s, outputs=outputs, expect_docs=counts["docs_out"],
                             n_tokens=None, tokenizer=None)
-        log.info("dedup %s: %d -> %d documents (%d exact, %d near duplicates; %d clusters, largest %d)", n,
-                 counts["docs_in"], counts["docs_out"], counts["removed_exact"], counts["removed_near"],
-                 counts["clusters"], counts["largest_cluster"])
+        progress.update(i, f"deduplicated {n}: {counts['docs_in']:,} -> {counts['docs_out']:,} documents "
+                           f"({counts['removed_exact']:,} exact, {counts['removed_near']:,} near duplicates; "
+                           f"{counts['clusters']:,} clusters, largest {counts['largest_cluster']:,})")
     return out

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from purokit.component import ComponentManifest
 from purokit.log import get_logger
 from purokit.manifest import Stopwatch, fingerprints
+from purokit.progress import Reporter
 from kaiyuan import readers
 from kaiyuan.config import RunConfig, SourceConfig
 from kaiyuan.spark import components_io as cio
@@ -175,7 +176,8 @@ def run_ingest(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[
         raise ValueError("the run config lists no sources to ingest")
     sources = [s for s in cfg.sources if not only or s.name in only]
     out = {}
+    progress = Reporter(len(sources), unit="source", mode="line")
     for i, source in enumerate(sources, 1):
-        log.info("ingest [%d/%d] %s", i, len(sources), source.name)
-        out[source.name] = ingest_source(spark, source, cfg)
+        out[source.name] = m = ingest_source(spark, source, cfg)
+        progress.update(i, f"ingested {source.name}: {m.n_docs:,} documents")
     return out

@@ -22,6 +22,7 @@ from purokit.document import FILTER_PREFIX, QUALITY_PREFIX, REASON_SUFFIX, spark
 from purokit.hashing import sha256_bytes
 from purokit.log import get_logger
 from purokit.manifest import Stopwatch, fingerprints
+from purokit.progress import Reporter
 from kaiyuan import annotators as ann
 from kaiyuan.config import RunConfig
 from kaiyuan.spark import components_io as cio
@@ -212,9 +213,10 @@ def run_score(spark, cfg: RunConfig, only: Optional[list[str]] = None) -> dict[s
                  "add {type: datatrove, filter: c4_badwords, words_file: <local list>} to use it)")
     ComponentJob(JOB, cfg.stage_dir("score")).clean_stale()
     results = {}
+    progress = Reporter(len(components), unit="component", mode="line")
     for i, (name, c) in enumerate(sorted(components.items()), 1):
         mine = [a for a in built if a.applies_to(name)]
-        log.info("score [%d/%d] %s", i, len(components), name)
         results[name] = score_component(spark, name, c, cfg, mine)
+        progress.update(i, f"scored {name}: {c.manifest.n_docs:,} documents")
     shutil.rmtree(storage.local_scratch(cfg.stage_dir("score")) / f"{atomic.TMP_PREFIX}files", ignore_errors=True)
     return results

@@ -216,15 +216,17 @@ def test_global_scope_clusters_across_sources_and_score_representatives(spark, t
     assert all(r["dup_cluster"].startswith("a/a") and r["dup_count"] == 2 for r in rows)
 
 
-def test_verification_and_exact_only(spark, tmp_path):
+def test_verification_and_exact_only(spark, tmp_path, capsys):
     records, clusters = planted_corpus(9, 30, 5, prefix="v")
     write_jsonl(tmp_path / "v.jsonl", records)
     sources = [{"name": "v", "paths": [str(tmp_path / "v.jsonl")], "id_field": "id"}]
     cfg = _config(tmp_path, sources)
     run_ingest(spark, cfg)
+    assert f"source 1/1 | ingested v: {len(records)} documents" in capsys.readouterr().out   # the one progress form
     strict = _config(tmp_path, sources, output=str(tmp_path / "strict"),
                      dedup={"input_dir": str(cfg.stage_dir("ingest")), "verify": {"enabled": True, "threshold": 0.999}})
     m = run_dedup(spark, strict)["v"]
+    assert f"component 1/1 | deduplicated v: {len(records)} -> {len(records) - 1} documents" in capsys.readouterr().out
     assert m.counts["removed_near"] == 0 and m.counts["removed_exact"] == 1   # near pairs (J ~ 0.9) fail verification
     loose = _config(tmp_path, sources, output=str(tmp_path / "loose"),
                     dedup={"input_dir": str(cfg.stage_dir("ingest")), "verify": {"enabled": True, "threshold": 0.5}})
