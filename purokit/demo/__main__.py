@@ -72,6 +72,14 @@ def print_summary(ctx: DemoContext) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The demo under the one error policy: bad input (a stage's contract error, a missing file) is one
+    line and exit 2, a bug keeps its traceback."""
+    from purokit.cli import guard
+
+    return guard("python -m purokit.demo", _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m purokit.demo", description=__doc__)
     ap.add_argument("--out", default="runs/demo", type=Path)
     ap.add_argument("--profile", default="demo", choices=sorted(PROFILES))
