@@ -166,7 +166,7 @@ def test_bad_requests_are_one_line_exit_2(curriculum_set, tmp_path, capsys, case
     named = {"missing set": tmp_path / "nope", "unknown format": curriculum_set, "existing out": tmp_path / "taken"}[case]
     assert main(["export", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and str(named) in err
+    assert len(err.splitlines()) == 1 and err.startswith("python -m mixtures: error: ") and str(named) in err
     assert not (tmp_path / "o").exists()
 
 

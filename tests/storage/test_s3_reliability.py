@@ -237,7 +237,7 @@ def test_two_materialize_runs_into_one_s3_output_one_wins_whole(bucket, tmp_path
     (rc_a, _, err_a), (rc_b, _, err_b) = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
     assert rc_a == 0, err_a
     assert rc_b == 2 and "Traceback" not in err_b
-    assert err_b.strip().splitlines()[-1].startswith(f"error: {out}/p-uniform: another writer committed this output "
+    assert err_b.strip().splitlines()[-1].startswith(f"python -m mixtures: error: {out}/p-uniform: another writer committed this output "
                                                      "while attempt _attempt-")
     won = ShardSet.open(f"{out}/p-uniform", verify_hashes=True).manifest
     assert won.config["spec"]["seeds"]["uniform"] == 2                # writer a's set, every file of it
@@ -247,7 +247,7 @@ def test_two_materialize_runs_into_one_s3_output_one_wins_whole(bucket, tmp_path
     with storage.writer_lock(out):                            # a writer of this machine is at work
         rc, _, err = _materialize(specs[1], out)
     assert rc == 2 and err.strip().splitlines()[-1].startswith(
-        f"error: {out}: another process on this machine is writing this output")
+        f"python -m mixtures: error: {out}: another process on this machine is writing this output")
     rc, printed, err = _materialize(specs[0], out)          # alone again: the winner's set is reused
     assert rc == 0 and "p-uniform: complete from an earlier run (same spec and inputs), reused" in printed, err
 
